@@ -1,0 +1,1 @@
+"""fairtick runtime package."""

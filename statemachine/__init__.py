@@ -1,0 +1,1 @@
+"""fairtick statemachine package."""
