@@ -1,0 +1,107 @@
+"""The Sanic app factory: one engine per app, started before serving and stopped after.
+
+Resources live on `app.ctx`: `config`, `engine`, `limits` (model name, context, vocabulary),
+`encoder` (prompt and chat tokenization), `draining` (set when shutdown begins, new generation
+requests get 503), `started_at`. Every error leaves as OpenAI-style JSON (server.errors).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from typing import Any
+
+from sanic import Request, Sanic
+from sanic.exceptions import SanicException
+from sanic.response import JSONResponse, json
+
+from server.config import ServerConfig
+from server.errors import ApiError
+from server.openai_routes import make_openai_blueprint
+from server.ops_routes import make_ops_blueprint
+from server.prompts import TokenizerEncoder
+from server.validation import ModelLimits
+
+log = logging.getLogger("fairtick.server")
+_app_numbers = itertools.count(1)
+
+
+def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
+    """A Sanic app serving `engine`, or an engine built from `config.engine` at startup.
+
+    The app owns its engine either way: it starts it (if not running) before serving and stops
+    it after the server stops.
+    """
+    app = Sanic(f"fairtick_{next(_app_numbers)}")
+    app.config.REQUEST_MAX_SIZE = config.max_body_bytes
+    app.config.RESPONSE_TIMEOUT = config.response_timeout_s
+    app.config.FALLBACK_ERROR_FORMAT = "json"
+    app.ctx.config = config
+    app.ctx.engine = engine
+    app.ctx.draining = False
+    app.ctx.started_at = int(time.time())
+    app.blueprint(make_openai_blueprint())
+    app.blueprint(make_ops_blueprint())
+    app.error_handler.add(ApiError, _api_error)
+    app.error_handler.add(SanicException, _sanic_error)
+    app.error_handler.add(Exception, _unexpected_error)
+    app.register_listener(_start_engine, "before_server_start")
+    app.register_listener(_begin_draining, "before_server_stop")
+    app.register_listener(_stop_engine, "after_server_stop")
+    return app
+
+
+def make_engine(config: ServerConfig) -> Any:
+    """Load the model and build the engine (imports MLX; slow for a real model)."""
+    from runtime.engine import Engine, EngineConfig
+
+    from runtime.model import load_model
+
+    engine_config = config.engine or EngineConfig()
+    return Engine(engine_config, load_model(engine_config.model))
+
+
+def model_limits(bundle: Any) -> ModelLimits:
+    """Name, context length and vocabulary size of a loaded ModelBundle."""
+    args = getattr(bundle.model, "args", None)
+    vocab_size = getattr(args, "vocab_size", None) or len(bundle.tokenizer.vocab)
+    return ModelLimits(bundle.name, int(bundle.context_length), int(vocab_size))
+
+
+async def _start_engine(app: Sanic) -> None:
+    if app.ctx.engine is None:
+        app.ctx.engine = make_engine(app.ctx.config)
+    engine = app.ctx.engine
+    if not engine.alive:
+        engine.start()
+    app.ctx.limits = model_limits(engine.bundle)
+    app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
+    log.info("serving %s with policy %s", app.ctx.limits.name, engine.policy.name)
+
+
+async def _begin_draining(app: Sanic) -> None:
+    app.ctx.draining = True
+
+
+async def _stop_engine(app: Sanic) -> None:
+    if app.ctx.engine is not None:
+        app.ctx.engine.stop(grace_s=app.ctx.config.stop_grace_s)
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return json(exc.to_body(), status=exc.status, headers=exc.headers)
+
+
+async def _sanic_error(request: Request, exc: SanicException) -> JSONResponse:
+    name = type(exc).__name__
+    error = ApiError(exc.status_code, str(exc) or name,
+                     code=re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower())
+    return json(error.to_body(), status=error.status, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.path)
+    error = ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
+    return json(error.to_body(), status=500)

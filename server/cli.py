@@ -1,0 +1,169 @@
+"""The `fairtick` command: `serve`, `trace` and `check`.
+
+`check` imports neither MLX nor Sanic (it delegates to statemachine.checker_cli); `trace` is a
+plain HTTP client; only `serve` loads the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+POLICY_ENV = "FAIRTICK_POLICY"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fairtick` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command, rest = (args[0], args[1:]) if args else (None, [])
+    if command == "check":
+        from statemachine.checker_cli import main as check_main
+
+        return int(check_main(rest))
+    if command == "serve":
+        return serve_main(rest)
+    if command == "trace":
+        return trace_main(rest)
+    parser = _top_parser()
+    if command in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    parser.print_usage(sys.stderr)
+    print(f"fairtick: error: choose a command: serve, trace or check (got {command!r})",
+          file=sys.stderr)
+    return 2
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairtick", description="LLM inference server on MLX "
+                                     "with a declarative, model-checked tick scheduler.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("serve", help="serve the OpenAI-compatible API (see `fairtick serve --help`)")
+    sub.add_parser("trace", help="print a running server's scheduler trace")
+    sub.add_parser("check", help="model-check the policies' claims (see `fairtick check --help`)")
+    return parser
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """`fairtick serve`: the policy is read first, since its spec declares more flags."""
+    from server.policy_flags import add_policy_flags, resolve_policy_params
+    from statemachine.spec import SpecError, load_policy
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--policy", default=os.environ.get(POLICY_ENV, "default"))
+    known, _ = pre.parse_known_args(argv)
+    try:
+        spec = load_policy(known.policy)
+    except SpecError as exc:
+        print(f"fairtick serve: invalid policy spec: {exc}", file=sys.stderr)
+        return 2
+    parser = _serve_parser()
+    add_policy_flags(parser, spec)
+    args = parser.parse_args(argv)
+    try:
+        params = resolve_policy_params(spec, vars(args), os.environ)
+        config = make_server_config(args, params)
+    except ValueError as exc:
+        print(f"fairtick serve: {exc}", file=sys.stderr)
+        return 2
+    from server.app import create_app
+
+    app = create_app(config)
+    app.run(host=config.host, port=config.port, single_process=True, motd=False,
+            access_log=False)
+    return 0
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from runtime.engine import EngineConfig
+
+    from server.validation import DEFAULT_MAX_BODY_BYTES
+
+    d = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    p = argparse.ArgumentParser(
+        prog="fairtick serve", description="Serve the OpenAI-compatible API on HTTP.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=d["model"], metavar="PATH",
+                   help="local mlx-lm model directory (default: the built-in offline model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--parallel", type=int, default=d["parallel"], metavar="N",
+                   help=f"sequence slots: prompts and streams in flight (default {d['parallel']})")
+    p.add_argument("--prefill-chunk-size", type=int, default=d["prefill_chunk_size"],
+                   metavar="N", help=f"prompt tokens per prefill chunk "
+                   f"(default {d['prefill_chunk_size']})")
+    p.add_argument("--policy", default=os.environ.get(POLICY_ENV, d["policy"]),
+                   metavar="NAME|PATH", help=f"tick policy: a shipped name or a YAML file (env "
+                   f"{POLICY_ENV}; default {d['policy']!r})")
+    p.add_argument("--max-waiting", type=int, default=d["max_waiting"], metavar="N",
+                   help=f"queued requests beyond which new ones get 429 "
+                   f"(default {d['max_waiting']})")
+    p.add_argument("--max-kv-tokens", type=int, default=d["max_kv_tokens"], metavar="N",
+                   help="tokens held in KV caches beyond which new requests get 429 "
+                   "(default: no limit beyond the slots)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                   help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--trace-capacity", type=int, default=d["trace_capacity"], metavar="N",
+                   help=f"transitions kept for /debug/trace (default {d['trace_capacity']})")
+    p.add_argument("--check-invariants", action="store_true",
+                   help="check the scheduler invariants after every tick (slower)")
+    return p
+
+
+def make_server_config(args: argparse.Namespace, params: dict[str, int | float]) -> Any:
+    """The ServerConfig for parsed `serve` arguments; ValueError names a bad value."""
+    from runtime.engine import EngineConfig
+
+    from server.config import ServerConfig
+
+    if args.model is not None and not (Path(args.model) / "config.json").exists():
+        raise ValueError(f"--model: {args.model} is not an mlx-lm model directory "
+                         "(no config.json)")
+    engine = EngineConfig(
+        model=args.model, parallel=args.parallel, prefill_chunk_size=args.prefill_chunk_size,
+        policy=args.policy, policy_params=params, max_waiting=args.max_waiting,
+        max_kv_tokens=args.max_kv_tokens, trace_capacity=args.trace_capacity,
+        check_invariants=args.check_invariants,
+    )
+    return ServerConfig(engine=engine, host=args.host, port=args.port,
+                        max_body_bytes=args.max_body_bytes)
+
+
+def trace_main(argv: Sequence[str]) -> int:
+    """`fairtick trace`: fetch /debug/trace and print it as a table or JSON lines."""
+    p = argparse.ArgumentParser(prog="fairtick trace",
+                                description="Print a running server's scheduler transitions.")
+    p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
+    p.add_argument("--since", type=int, default=0, metavar="T", help="first tick to show")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N events")
+    p.add_argument("--json", action="store_true", help="raw JSON lines instead of a table")
+    args = p.parse_args(argv)
+    query = {"since": args.since, **({"limit": args.limit} if args.limit is not None else {})}
+    url = f"{args.url.rstrip('/')}/debug/trace?{urllib.parse.urlencode(query)}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text = response.read().decode("utf-8")
+    except urllib.error.HTTPError as exc:
+        print(f"fairtick trace: {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}",
+              file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"fairtick trace: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(text)
+        return 0
+    from statemachine.trace import format_table
+
+    print(format_table(json.loads(line) for line in text.splitlines() if line.strip()))
+    return 0

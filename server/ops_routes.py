@@ -1,0 +1,67 @@
+"""Operator routes: /health, /metrics (Prometheus text), /debug/trace (JSON lines), /debug/state."""
+
+from __future__ import annotations
+
+import json as jsonlib
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sanic import Blueprint, Request
+from sanic.response import HTTPResponse, JSONResponse, json, raw
+
+from server.errors import invalid
+
+MAX_QUERY_INT = 2**62
+
+
+def make_ops_blueprint() -> Blueprint:
+    """Health, metrics and debug routes; a new blueprint per app."""
+    bp = Blueprint("ops")
+    bp.add_route(health, "/health", methods=["GET"])
+    bp.add_route(metrics, "/metrics", methods=["GET"])
+    bp.add_route(debug_trace, "/debug/trace", methods=["GET"])
+    bp.add_route(debug_state, "/debug/state", methods=["GET"])
+    return bp
+
+
+async def health(request: Request) -> JSONResponse:
+    """200 while the engine thread runs; 503 (never a hang) once it has stopped."""
+    ctx = request.app.ctx
+    if ctx.engine is None or not ctx.engine.alive:
+        return json({"status": "unavailable", "reason": "the engine thread is not running"},
+                    status=503)
+    status = "draining" if ctx.draining else "ok"
+    return json({"status": status, "model": ctx.limits.name, "policy": ctx.engine.policy.name},
+                status=503 if ctx.draining else 200)
+
+
+async def metrics(request: Request) -> HTTPResponse:
+    return raw(generate_latest(request.app.ctx.engine.registry), content_type=CONTENT_TYPE_LATEST)
+
+
+async def debug_trace(request: Request) -> HTTPResponse:
+    """Recorded transitions as JSON lines: `since` (tick, inclusive) and `limit` (events)."""
+    since = _query_int(request, "since", 0, minimum=0)
+    limit = _query_int(request, "limit", None, minimum=1)
+    events = request.app.ctx.engine.trace.events(since_tick=since, limit=limit)
+    lines = "".join(jsonlib.dumps(event, default=str) + "\n" for event in events)
+    return raw(lines.encode(), content_type="application/x-ndjson")
+
+
+async def debug_state(request: Request) -> HTTPResponse:
+    """The policy, its parameters and each live sequence with its state."""
+    body = jsonlib.dumps(request.app.ctx.engine.snapshot(), default=str)
+    return raw(body.encode(), content_type="application/json")
+
+
+def _query_int(request: Request, name: str, default: int | None, minimum: int) -> int | None:
+    text = request.args.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if not minimum <= value <= MAX_QUERY_INT:
+        raise invalid(f"query parameter `{name}` must be an integer >= {minimum}, got {text!r}",
+                      name)
+    return value

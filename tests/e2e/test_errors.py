@@ -1,0 +1,97 @@
+"""Bad requests against the real server: OpenAI-style 4xx naming the field, and no effect on
+anyone else's output."""
+
+from __future__ import annotations
+
+import socket
+import urllib.parse
+
+import pytest
+
+from tests.server.http_helpers import post
+
+GOOD = {"prompt": "fair", "max_tokens": 4}
+
+
+def completion_text(server) -> str:
+    reply = post(server.url, "/v1/completions", GOOD)
+    assert reply.status == 200, reply.body
+    return str(reply.json()["choices"][0]["text"])
+
+
+@pytest.mark.parametrize("raw,param,words", [
+    (b'{"prompt": "x",', None, "not valid JSON"),
+    (b'{"prompt": "\xff"}', None, "UTF-8"),
+    (b'{"max_tokens": NaN, "prompt": "x"}', None, "NaN"),
+    (b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", None, "nested"),
+])
+def test_malformed_bodies(server, raw, param, words):
+    reply = post(server.url, "/v1/completions", raw=raw)
+    error = reply.error()
+    assert reply.status == 400 and error["param"] == param and words in error["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "prompt"),
+    ({"prompt": 3}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10**9}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1e30}, "max_tokens"),
+    ({"prompt": "x", "temperature": 1e400}, "temperature"),
+    ({"prompt": "x", "stop": 7}, "stop"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "logprobs": 5}, "logprobs"),
+    ({"prompt": "x", "logit_bias": {"999999": 5}}, "logit_bias"),
+    ({"prompt": "x", "seed": -5}, "seed"),
+    ({"prompt": [1, 10**6]}, "prompt"),
+    ({"prompt": "x", "wat": 1}, "wat"),
+])
+def test_invalid_fields(server, body, param):
+    reply = post(server.url, "/v1/completions", body)
+    assert reply.status == 400, reply.body
+    assert reply.error()["param"] == param
+
+
+def test_chat_field_errors(server):
+    reply = post(server.url, "/v1/chat/completions", {"messages": [{"role": "x", "content": ""}]})
+    assert reply.status == 400 and reply.error()["param"] == "messages[0].role"
+
+
+def test_unknown_model_is_404(server):
+    reply = post(server.url, "/v1/completions", {**GOOD, "model": "gpt-4o"})
+    assert reply.status == 404 and reply.error()["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_the_context(server, model_name):
+    from tests.server.http_helpers import get
+
+    context = get(server.url, "/v1/models").json()["data"][0]["max_model_len"]
+    reply = post(server.url, "/v1/completions", {"prompt": [65] * (context + 1)})
+    error = reply.error()
+    assert reply.status == 400 and error["param"] == "prompt"
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_wrong_content_type_is_415(server):
+    reply = post(server.url, "/v1/completions", raw=b"prompt=x",
+                 content_type="application/x-www-form-urlencoded")
+    assert reply.status == 415 and "application/json" in reply.error()["message"]
+
+
+def test_body_too_large_is_413_before_it_is_read(server):
+    # Only the headers are sent: the server must answer from Content-Length alone.
+    url = urllib.parse.urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n")
+        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"413", head
+    assert b'"error"' in body
+
+
+def test_bad_requests_change_nothing_for_good_ones(server):
+    before = completion_text(server)
+    for body in ({"prompt": "x", "temperature": -1}, {"prompt": "", "stop": [""]},
+                 {"prompt": "x", "top_k": -7}, {"prompt": None}):
+        assert post(server.url, "/v1/completions", body).status == 400
+    assert completion_text(server) == before

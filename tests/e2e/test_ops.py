@@ -1,0 +1,115 @@
+"""Operator surface of the real server: /metrics, /debug/trace, /debug/state, /health, and the
+slots: a client that disconnects frees its slot; a full queue answers 429 at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.http_helpers import OpenStream, get, post
+
+# Named in DESIGN.md; the server exports the engine's registry as it is.
+METRICS = (
+    "fairtick_prefill_chunks", "fairtick_decode_steps", "fairtick_mixed_steps",
+    "fairtick_prefill_grants", "fairtick_ticks", "fairtick_time_to_first_token_seconds",
+    "fairtick_inter_token_latency_seconds", "fairtick_request_queue_time_seconds",
+    "fairtick_parked_wait_ticks", "fairtick_requests_running", "fairtick_requests_waiting",
+    "fairtick_requests_parked", "fairtick_prompt_tokens", "fairtick_generation_tokens",
+)
+LONG = 4000  # max_tokens of a stream that a test cuts off long before it ends
+
+
+def test_health(server):
+    body = get(server.url, "/health").json()
+    assert body["status"] == "ok" and body["policy"]
+
+
+def test_metrics_parse_and_name_every_design_metric(server):
+    post(server.url, "/v1/completions", {"prompt": "metrics", "max_tokens": 2})
+    reply = get(server.url, "/metrics")
+    families = {f.name for f in text_string_to_metric_families(reply.body.decode())}
+    missing = [name for name in METRICS if name not in families]
+    assert not missing, f"missing from /metrics: {missing}"
+    assert server.gauges()["fairtick_generation_tokens_total"] >= 2
+
+
+def trace_events(server, since: int = 0) -> list[dict]:
+    text = get(server.url, f"/debug/trace?since={since}").body.decode()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_trace_shows_a_requests_whole_lifecycle(server):
+    before = len(trace_events(server))
+    prompt = "x" * 40  # two 32-token chunks
+    post(server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 3})
+    events = trace_events(server)[before:]
+    assert {e["seq"] for e in events} == {events[0]["seq"]}, "one request, one sequence"
+    triggers = [e["trigger"] for e in events]
+    assert triggers[0] == "admit" and triggers[-1] == "finish", triggers
+    assert triggers.count("grant") == 2 and triggers.count("chunk_done") == 2, triggers
+    assert events[-1]["to"] == "finished"
+    assert all(set(e) >= {"tick", "time", "seq", "from", "to", "trigger", "rule"} for e in events)
+    ticks = [e["tick"] for e in events]
+    assert ticks == sorted(ticks)
+    assert trace_events(server, since=ticks[-1])[0]["tick"] == ticks[-1]
+
+
+def test_debug_state_names_the_policy_and_its_parameters(server):
+    state = get(server.url, "/debug/state").json()
+    assert state["policy"] and isinstance(state["params"], dict)
+
+
+def open_running(server, count: int) -> list[OpenStream]:
+    """`count` streams that have each received a token (so each holds a slot)."""
+    streams = [OpenStream(server.url, "/v1/completions",
+                          {"prompt": f"s{i}", "max_tokens": LONG, "stream": True})
+               for i in range(count)]
+    for stream in streams:
+        stream.read_event()
+    return streams
+
+
+def wait_gauge(server, name: str, value: float, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server.gauges().get(name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}: {server.gauges()}"
+        time.sleep(0.05)
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    streams = open_running(server, 2)
+    wait_gauge(server, "fairtick_requests_running", 2)
+    streams[0].drop()
+    wait_gauge(server, "fairtick_requests_running", 1)
+    streams[1].drop()
+    server.wait_idle()
+    reply = post(server.url, "/v1/completions", {"prompt": "after", "max_tokens": 2})
+    assert reply.status == 200
+
+
+def test_disconnect_while_waiting_leaves_the_queue(server):
+    running = open_running(server, 2)
+    waiting = OpenStream(server.url, "/v1/completions",
+                         {"prompt": "queued", "max_tokens": 4, "stream": True})
+    wait_gauge(server, "fairtick_requests_waiting", 1)
+    waiting.drop()
+    wait_gauge(server, "fairtick_requests_waiting", 0)
+    assert server.gauges()["fairtick_requests_running"] == 2
+    for stream in running:
+        stream.drop()
+
+
+def test_a_full_queue_answers_429_with_retry_after(server):
+    running = open_running(server, 2)
+    queued = [OpenStream(server.url, "/v1/completions",
+                         {"prompt": f"q{i}", "max_tokens": 4, "stream": True}) for i in range(2)]
+    wait_gauge(server, "fairtick_requests_waiting", 2)
+    started = time.monotonic()
+    reply = post(server.url, "/v1/completions", {"prompt": "one too many", "max_tokens": 2})
+    assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
+    assert reply.error()["type"] == "rate_limit_error"
+    assert time.monotonic() - started < 2.0, "a refusal is answered at once"
+    for stream in running + queued:
+        stream.drop()

@@ -1,0 +1,128 @@
+"""The `fairtick` command line: help, policy flags and their precedence, trace, check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from server.app import create_app
+from server.cli import main
+from server.config import ServerConfig
+from server.policy_flags import flag_dest, resolve_policy_params
+from statemachine.spec import load_policy
+from tests.server.fakes import FakeEngine, ThreadedServer
+from tests.server.http_helpers import post
+
+
+def test_top_level_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("serve", "trace", "check"))
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "choose a command" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "trace"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert f"fairtick {command}" in capsys.readouterr().out
+
+
+def test_serve_help_shows_the_chosen_policys_flags(capsys):
+    spec = load_policy("grant_counter")
+    with pytest.raises(SystemExit):
+        main(["serve", "--policy", "grant_counter", "--help"])
+    out = capsys.readouterr().out
+    for p in spec.parameters:
+        assert p.flag in out and p.env in out
+
+
+def test_an_invalid_policy_spec_refuses_to_start(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndoc: x\nrules: []\nclaims: {}\n")
+    assert main(["serve", "--policy", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid policy spec" in err and "bad.yaml" in err and "rules" in err
+
+
+def test_an_unknown_policy_refuses_to_start(capsys):
+    assert main(["serve", "--policy", "no_such_policy"]) == 2
+    assert "no_such_policy" in capsys.readouterr().err
+
+
+def test_an_out_of_range_parameter_refuses_to_start(capsys):
+    p = load_policy("grant_counter").parameters[0]
+    assert main(["serve", "--policy", "grant_counter", p.flag, str(p.maximum + 1)]) == 2
+    err = capsys.readouterr().err
+    assert p.flag in err and f"[{p.minimum}, {p.maximum}]" in err
+
+
+def test_an_invalid_parameter_env_var_refuses_to_start(monkeypatch, capsys):
+    p = load_policy("grant_counter").parameters[0]
+    monkeypatch.setenv(p.env, "lots")
+    assert main(["serve", "--policy", "grant_counter"]) == 2
+    assert p.env in capsys.readouterr().err
+
+
+def test_parameter_precedence_flag_then_env_then_default():
+    spec = load_policy("grant_counter")
+    p = spec.parameters[0]
+    low, high = p.minimum, p.maximum
+    assert resolve_policy_params(spec, {}, {}) == spec.defaults
+    assert resolve_policy_params(spec, {}, {p.env: str(high)})[p.name] == high
+    flags = {flag_dest(p.name): str(low)}
+    assert resolve_policy_params(spec, flags, {p.env: str(high)})[p.name] == low
+
+
+def test_parameter_values_are_checked_by_the_spec():
+    spec = load_policy("grant_counter")
+    p = spec.parameters[0]
+    with pytest.raises(ValueError, match=p.flag):
+        resolve_policy_params(spec, {flag_dest(p.name): "nan"}, {})
+    with pytest.raises(ValueError, match="expected a number"):
+        resolve_policy_params(spec, {flag_dest(p.name): "many"}, {})
+
+
+def test_check_imports_neither_mlx_nor_sanic():
+    code = ("import sys\nfrom server.cli import main\n"
+            "try:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in ('mlx', 'sanic') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower()
+
+
+@pytest.fixture(scope="module")
+def traced_url():
+    engine = FakeEngine()
+    with ThreadedServer(create_app(ServerConfig(), engine=engine)) as server:
+        post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        yield server.url
+
+
+def test_trace_prints_a_table(traced_url, capsys):
+    assert main(["trace", "--url", traced_url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["tick", "seq", "from", "to", "trigger", "rule"]
+    assert "admit" in out[1]
+
+
+def test_trace_json_lines(traced_url, capsys):
+    assert main(["trace", "--url", traced_url, "--json", "--since", "0", "--limit", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["to"] == "parked_prefill"
+
+
+def test_trace_of_an_unreachable_server(capsys):
+    assert main(["trace", "--url", "http://127.0.0.1:9"]) == 1
+    assert "cannot reach" in capsys.readouterr().err

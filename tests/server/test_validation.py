@@ -1,0 +1,313 @@
+"""Request validation without an engine: every error has a status, a param and a message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.errors import ApiError
+from server.prompts import simple_chat_template
+from server.validation import (
+    MAX_JSON_DEPTH,
+    MAX_STOP_SEQUENCES,
+    ModelLimits,
+    parse_body,
+    validate_request,
+)
+
+LIMITS = ModelLimits(name="tiny", context_length=64, vocab_size=258)
+
+
+class ByteEncoder:
+    """One token per UTF-8 byte, like the built-in model's tokenizer (without BOS)."""
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return list(prompt.encode())
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(simple_chat_template(messages).encode())
+
+
+def completion(**fields):
+    return validate_request("completion", {"prompt": "hi", **fields}, LIMITS, ByteEncoder())
+
+
+def chat(**fields):
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    return validate_request("chat", body, LIMITS, ByteEncoder())
+
+
+def expect(call, *args, status=400, param=None, match="", **kwargs) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        call(*args, **kwargs)
+    err = info.value
+    assert err.status == status, err.message
+    assert err.param == param, err.message
+    assert match in err.message
+    body = err.to_body()["error"]
+    assert body["message"] == err.message and body["param"] == param
+    assert body["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    return err
+
+
+# --- the body itself --------------------------------------------------------------------------
+
+def test_a_valid_body_parses():
+    assert parse_body(b'{"prompt": "hi"}', "application/json; charset=utf-8", 1024) == {
+        "prompt": "hi"}
+
+
+def test_body_too_large_is_413():
+    expect(parse_body, b"{}" + b" " * 2000, "application/json", 1024, status=413,
+           match="limit is 1024")
+
+
+def test_wrong_content_type_is_415():
+    expect(parse_body, b"prompt=hi", "application/x-www-form-urlencoded", 1024, status=415,
+           match="application/json")
+
+
+def test_empty_body():
+    expect(parse_body, b"  ", "application/json", 1024, match="empty")
+
+
+def test_invalid_utf8():
+    err = expect(parse_body, b'{"prompt": "\xff\xfe"}', "application/json", 1024,
+                 match="not valid UTF-8")
+    assert err.code == "invalid_encoding"
+
+
+def test_malformed_json():
+    err = expect(parse_body, b'{"prompt": "hi",}', "application/json", 1024,
+                 match="not valid JSON")
+    assert err.code == "invalid_json"
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_standard_json_constants(literal):
+    expect(parse_body, f'{{"temperature": {literal}}}'.encode(), "application/json", 1024,
+           match=f"{literal} is not allowed")
+
+
+def test_huge_integer_literal():
+    expect(parse_body, b'{"max_tokens": 1' + b"0" * 5000 + b"}", None, 10_000,
+           match="not valid JSON")
+
+
+def test_deeply_nested_json():
+    body = json.dumps({"prompt": "hi", "user": [[[[]]]] * 1}).encode()
+    assert parse_body(body, None, 1024)
+    deep = b'{"a": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}"
+    expect(parse_body, deep, None, 10_000, match="nested deeper")
+
+
+def test_pathologically_nested_json():
+    expect(parse_body, b"[" * 100_000 + b"]" * 100_000, None, 1_000_000)
+
+
+def test_lone_surrogate_escape():
+    err = expect(parse_body, b'{"prompt": "\\ud800"}', None, 1024, match="surrogate")
+    assert err.code == "invalid_encoding"
+
+
+def test_body_must_be_an_object():
+    expect(parse_body, b'["hi"]', None, 1024, match="JSON object")
+
+
+# --- fields shared by both endpoints ----------------------------------------------------------
+
+def test_defaults_are_greedy_and_16_tokens_for_completions():
+    valid = completion()
+    assert valid.prompt_tokens == tuple(b"hi")
+    assert valid.sampling.temperature == 0.0 and valid.sampling.max_tokens == 16
+    assert not valid.stream and not valid.include_usage
+
+
+def test_chat_defaults_to_the_rest_of_the_context():
+    valid = chat()
+    assert valid.sampling.max_tokens == LIMITS.context_length - len(valid.prompt_tokens)
+
+
+def test_supported_fields_reach_sampling_params():
+    valid = completion(temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=8, min_tokens=2,
+                       stop=["a", "b"], ignore_eos=True, stream=True,
+                       stream_options={"include_usage": True}, n=1, user="me", model="tiny")
+    s = valid.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.7, 0.9, 5, 3)
+    assert (s.max_tokens, s.min_tokens, s.stop, s.ignore_eos) == (8, 2, ("a", "b"), True)
+    assert valid.stream and valid.include_usage
+
+
+def test_unknown_field():
+    err = expect(completion, frobnicate=1, param="frobnicate", match="Unrecognized")
+    assert err.code == "unknown_parameter"
+
+
+def test_unknown_model_is_404():
+    err = expect(completion, model="gpt-4", status=404, param="model", match="gpt-4")
+    assert err.code == "model_not_found"
+
+
+def test_model_must_be_a_string():
+    expect(completion, model=3, param="model", match="must be a string")
+
+
+@pytest.mark.parametrize("value", ["hot", True, -0.1, 2.5, float("nan"), float("inf")])
+def test_temperature_type_range_and_finiteness(value):
+    expect(completion, temperature=value, param="temperature", match="number from 0.0 to 2.0")
+
+
+@pytest.mark.parametrize("value", [1.5, -1, float("-inf")])
+def test_top_p_range(value):
+    expect(completion, top_p=value, param="top_p")
+
+
+def test_top_k():
+    expect(completion, top_k=-2, param="top_k", match="integer")
+    assert completion(top_k=-1).sampling.top_k == 0
+    assert completion(top_k=10**6).sampling.top_k == LIMITS.vocab_size
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, 1e30, "16", True, LIMITS.context_length + 1])
+def test_max_tokens_range(value):
+    expect(completion, max_tokens=value, param="max_tokens", match="integer from 1 to 64")
+
+
+def test_max_completion_tokens_for_chat():
+    assert chat(max_completion_tokens=3).sampling.max_tokens == 3
+    expect(chat, max_completion_tokens=0, param="max_completion_tokens")
+
+
+def test_prompt_plus_max_tokens_over_the_context():
+    err = expect(completion, prompt="x" * 60, max_tokens=10, param="max_tokens",
+                 match="maximum context length is 64")
+    assert err.code == "context_length_exceeded"
+
+
+def test_prompt_longer_than_the_context():
+    err = expect(completion, prompt="x" * 64, param="prompt", match="maximum context length")
+    assert err.code == "context_length_exceeded"
+
+
+def test_chat_longer_than_the_context():
+    expect(chat, messages=[{"role": "user", "content": "x" * 64}], param="messages",
+           match="maximum context length")
+
+
+def test_min_tokens():
+    expect(completion, min_tokens=-1, param="min_tokens")
+    expect(completion, min_tokens=9, max_tokens=8, param="min_tokens", match="must not exceed")
+
+
+@pytest.mark.parametrize("value", [-1, 2**64, "7", 1.0])
+def test_seed_range(value):
+    expect(completion, seed=value, param="seed", match="integer from 0")
+
+
+@pytest.mark.parametrize("value", [5, [1], ["a", None], {"a": 1}])
+def test_stop_must_be_strings(value):
+    expect(completion, stop=value, param="stop", match="string or a list of strings")
+
+
+def test_stop_limits():
+    assert completion(stop="x").sampling.stop == ("x",)
+    expect(completion, stop=["s"] * (MAX_STOP_SEQUENCES + 1), param="stop", match="at most")
+    expect(completion, stop=[""], param="stop", match="1 to")
+    expect(completion, stop="y" * 10_000, param="stop", match="1 to")
+
+
+def test_stream_flags():
+    expect(completion, stream="yes", param="stream", match="true or false")
+    expect(completion, stream_options={"include_usage": True}, param="stream_options",
+           match="only allowed when `stream` is true")
+    expect(completion, stream=True, stream_options=[], param="stream_options")
+    expect(completion, stream=True, stream_options={"include_usage": 1},
+           param="stream_options.include_usage")
+
+
+@pytest.mark.parametrize("value", [2, 0, True])
+def test_n_must_be_1(value):
+    err = expect(completion, n=value, param="n", match="not supported")
+    assert err.code == "unsupported_parameter"
+
+
+def test_logprobs_are_not_supported():
+    expect(completion, logprobs=1, param="logprobs", match="not supported")
+    expect(chat, logprobs=True, param="logprobs", match="not supported")
+    expect(chat, top_logprobs=2, param="top_logprobs")
+    assert chat(logprobs=False, top_logprobs=0)
+
+
+def test_logit_bias_is_not_supported():
+    expect(completion, logit_bias={"5": 10}, param="logit_bias", match="not supported")
+    expect(completion, logit_bias=[1], param="logit_bias")
+    assert completion(logit_bias={})
+
+
+@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2), ("suffix", "x"),
+                                         ("presence_penalty", 0.5), ("frequency_penalty", 3)])
+def test_other_unsupported_completion_fields(field, value):
+    expect(completion, **{field: value}, param=field, match="not supported")
+
+
+def test_unsupported_chat_fields():
+    expect(chat, tools=[{"type": "function"}], param="tools")
+    expect(chat, response_format={"type": "json_object"}, param="response_format")
+    assert chat(tools=[], response_format={"type": "text"}, tool_choice="none", store=False)
+
+
+def test_user_must_be_a_string():
+    expect(completion, user=5, param="user")
+
+
+# --- prompts and messages ---------------------------------------------------------------------
+
+def test_prompt_as_token_ids():
+    assert completion(prompt=[1, 2, 3]).prompt_tokens == (1, 2, 3)
+    assert completion(prompt=[[4, 5]]).prompt_tokens == (4, 5)
+    assert completion(prompt=["ab"]).prompt_tokens == tuple(b"ab")
+
+
+def test_prompt_token_ids_outside_the_vocab():
+    expect(completion, prompt=[1, 258], param="prompt", match="outside the vocabulary")
+    expect(completion, prompt=[-1], param="prompt", match="outside the vocabulary")
+
+
+def test_prompt_shapes():
+    expect(validate_request, "completion", {}, LIMITS, ByteEncoder(), param="prompt",
+           match="required")
+    expect(completion, prompt=5, param="prompt", match="string or a list of token ids")
+    expect(completion, prompt=[1, "a"], param="prompt")
+    expect(completion, prompt=["a", "b"], param="prompt", match="batched")
+    expect(completion, prompt="", param="prompt", match="must not be empty")
+    expect(completion, prompt=[], param="prompt", match="must not be empty")
+
+
+def test_message_shapes():
+    expect(validate_request, "chat", {}, LIMITS, ByteEncoder(), param="messages",
+           match="required")
+    expect(chat, messages=[], param="messages", match="non-empty")
+    expect(chat, messages="hi", param="messages")
+    expect(chat, messages=["hi"], param="messages[0]")
+    expect(chat, messages=[{"role": "wizard", "content": "x"}], param="messages[0].role")
+    expect(chat, messages=[{"role": "user", "content": 5}], param="messages[0].content")
+    expect(chat, messages=[{"role": "user", "content": [{"type": "image_url"}]}],
+           param="messages[0].content", match="not supported")
+
+
+def test_text_parts_are_joined():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    valid = chat(messages=[{"role": "developer", "content": parts}])
+    assert valid.prompt_tokens == tuple(simple_chat_template(
+        [{"role": "system", "content": "ab"}]).encode())
+
+
+def test_a_failing_chat_template_is_a_400():
+    class Broken(ByteEncoder):
+        def encode_chat(self, messages):
+            raise RuntimeError("roles must alternate")
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    expect(validate_request, "chat", body, LIMITS, Broken(), param="messages",
+           match="roles must alternate")
