@@ -1,0 +1,72 @@
+"""Request bodies without an engine: size, content type, encoding, JSON syntax and depth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.validation import MAX_JSON_DEPTH, parse_body
+from tests.server.test_validation import expect
+
+
+def test_a_valid_body_parses():
+    assert parse_body(b'{"prompt": "hi"}', "application/json; charset=utf-8", 1024) == {
+        "prompt": "hi"}
+
+
+def test_body_too_large_is_413():
+    expect(parse_body, b"{}" + b" " * 2000, "application/json", 1024, status=413,
+           match="limit is 1024")
+
+
+def test_wrong_content_type_is_415():
+    expect(parse_body, b"prompt=hi", "application/x-www-form-urlencoded", 1024, status=415,
+           match="application/json")
+
+
+def test_empty_body():
+    expect(parse_body, b"  ", "application/json", 1024, match="empty")
+
+
+def test_invalid_utf8():
+    err = expect(parse_body, b'{"prompt": "\xff\xfe"}', "application/json", 1024,
+                 match="not valid UTF-8")
+    assert err.code == "invalid_encoding"
+
+
+def test_malformed_json():
+    err = expect(parse_body, b'{"prompt": "hi",}', "application/json", 1024,
+                 match="not valid JSON")
+    assert err.code == "invalid_json"
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_standard_json_constants(literal):
+    expect(parse_body, f'{{"temperature": {literal}}}'.encode(), "application/json", 1024,
+           match=f"{literal} is not allowed")
+
+
+def test_huge_integer_literal():
+    expect(parse_body, b'{"max_tokens": 1' + b"0" * 5000 + b"}", None, 10_000,
+           match="not valid JSON")
+
+
+def test_deeply_nested_json():
+    body = json.dumps({"prompt": "hi", "user": [[[[]]]] * 1}).encode()
+    assert parse_body(body, None, 1024)
+    deep = b'{"a": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}"
+    expect(parse_body, deep, None, 10_000, match="nested deeper")
+
+
+def test_pathologically_nested_json():
+    expect(parse_body, b"[" * 100_000 + b"]" * 100_000, None, 1_000_000)
+
+
+def test_lone_surrogate_escape():
+    err = expect(parse_body, b'{"prompt": "\\ud800"}', None, 1024, match="surrogate")
+    assert err.code == "invalid_encoding"
+
+
+def test_body_must_be_an_object():
+    expect(parse_body, b'["hi"]', None, 1024, match="JSON object")
