@@ -1,0 +1,234 @@
+"""Load and validate the YAML specs in specs/ into frozen dataclasses.
+
+Every problem is a `SpecError` naming the file, the line, the field and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from statemachine.expr import Expr, ExprError, Kind, compile_expr
+from statemachine.yamlsrc import Path_, Source, SpecError, load_source
+
+SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
+POLICIES_DIR = SPECS_DIR / "policies"
+DEFAULT_POLICY = "deadline"
+
+Action = Literal["idle", "decode", "prefill", "mixed"]
+ACTIONS: tuple[Action, ...] = ("idle", "decode", "prefill", "mixed")
+PICKS = ("round_robin", "oldest_first", "fewest_left")
+CLAIMS = ("wait_ticks", "ttft_ticks", "overtakes", "decode_wait_ticks")
+
+# Names a rule condition (and the grants / chunk_tokens sizes) may use: TickState fields.
+STATE_FIELDS: dict[str, Kind] = {
+    "num_slots": "num", "num_free_slots": "num", "num_waiting": "num", "num_parked": "num",
+    "num_decoding": "num", "decode_streak": "num", "decode_wait_ticks": "num",
+    "max_wait_ticks": "num", "chunk_size": "num", "budget_tokens": "num",
+}
+# Names a claim may use besides the parameters: the configuration being checked.
+CLAIM_FIELDS: dict[str, Kind] = {"slots": "num", "chunks": "num", "max_chunks": "num"}
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """A tunable number of a policy, settable by CLI flag or environment variable."""
+
+    name: str
+    default: int | float
+    minimum: int | float
+    maximum: int | float
+    flag: str
+    env: str
+    doc: str
+
+    def validate(self, value: int | float, origin: str) -> int | float:
+        """Return `value` converted to the default's type, or raise ValueError naming it."""
+        if isinstance(self.default, int) and not float(value).is_integer():
+            raise ValueError(f"{origin}: {self.name} must be an integer, got {value}")
+        value = int(value) if isinstance(self.default, int) else float(value)
+        if not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{origin}: {self.name} must be in [{self.minimum}, "
+                             f"{self.maximum}], got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`when` the condition holds (first match wins), the tick takes `action`."""
+
+    name: str
+    when: Expr
+    action: Action
+    line: int | None
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A tick policy as declared in YAML, with its expressions compiled."""
+
+    name: str
+    doc: str
+    file: str
+    parameters: tuple[ParameterSpec, ...]
+    pick: str
+    grants: Expr
+    chunk_tokens: Expr
+    rules: tuple[Rule, ...]
+    claims: dict[str, Expr | None]  # None: the policy honestly claims no bound
+
+    def parameter(self, name: str) -> ParameterSpec:
+        """The parameter called `name`; KeyError if the policy has none."""
+        for p in self.parameters:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def defaults(self) -> dict[str, int | float]:
+        return {p.name: p.default for p in self.parameters}
+
+
+def resolve_policy_path(name_or_path: str | Path) -> Path:
+    """A shipped policy name (`deadline`) or a path to a YAML file."""
+    text = str(name_or_path)
+    if text == "default":
+        text = DEFAULT_POLICY
+    if _NAME.match(text) and (POLICIES_DIR / f"{text}.yaml").exists():
+        return POLICIES_DIR / f"{text}.yaml"
+    path = Path(text)
+    if path.exists():
+        return path
+    shipped = ", ".join(shipped_policy_names())
+    raise SpecError(text, None, "<policy>", f"no such policy file or shipped policy; "
+                    f"shipped: {shipped}")
+
+
+def shipped_policy_names() -> list[str]:
+    """Names of the policies in specs/policies/."""
+    return sorted(p.stem for p in POLICIES_DIR.glob("*.yaml"))
+
+
+def load_policy(name_or_path: str | Path) -> PolicySpec:
+    """Load, validate and compile one policy spec."""
+    src = load_source(resolve_policy_path(name_or_path))
+    doc = src.data
+    if not isinstance(doc, dict):
+        raise src.error((), "a policy spec is a mapping with name, doc, pick, rules, claims")
+    _known_keys(src, (), doc, {"name", "doc", "parameters", "pick", "grants", "chunk_tokens",
+                               "rules", "claims"})
+    name = _required(src, ("name",), doc, str)
+    if not _NAME.match(name):
+        raise src.error(("name",), "must be lower_snake_case letters, digits and _")
+    params = _parameters(src, doc.get("parameters") or {})
+    param_kinds: dict[str, Kind] = {p.name: "num" for p in params}
+    names = {**STATE_FIELDS, **param_kinds}
+    pick = doc.get("pick", "round_robin")
+    if pick not in PICKS:
+        raise src.error(("pick",), f"unknown pick rule {pick!r}; allowed: {', '.join(PICKS)}")
+    return PolicySpec(
+        name=name,
+        doc=_required(src, ("doc",), doc, str).strip(),
+        file=src.file,
+        parameters=params,
+        pick=pick,
+        grants=_expr(src, ("grants",), doc.get("grants", 1), names, "num"),
+        chunk_tokens=_expr(src, ("chunk_tokens",), doc.get("chunk_tokens", "chunk_size"),
+                           names, "num"),
+        rules=_rules(src, doc.get("rules"), names),
+        claims=_claims(src, doc.get("claims"), {**CLAIM_FIELDS, **param_kinds}),
+    )
+
+
+def _required(src: Source, path: Path_, doc: dict[str, Any], kind: type) -> Any:
+    key = str(path[-1])
+    if key not in doc:
+        raise src.error(path, "is required")
+    if not isinstance(doc[key], kind):
+        raise src.error(path, f"must be a {kind.__name__}, got {type(doc[key]).__name__}")
+    return doc[key]
+
+
+def _known_keys(src: Source, path: Path_, doc: dict[str, Any], allowed: set[str]) -> None:
+    for key in doc:
+        if key not in allowed:
+            raise src.error((*path, key), f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def _expr(src: Source, path: Path_, text: Any, names: dict[str, Kind], want: Kind) -> Expr:
+    try:
+        return compile_expr(text, names, want)
+    except ExprError as exc:
+        raise src.error(path, str(exc)) from exc
+
+
+def _parameters(src: Source, raw: Any) -> tuple[ParameterSpec, ...]:
+    if not isinstance(raw, dict):
+        raise src.error(("parameters",), "must be a mapping of name -> {default, range, ...}")
+    out = []
+    for name, body in raw.items():
+        path: Path_ = ("parameters", name)
+        if not _NAME.match(name) or name in STATE_FIELDS or name in CLAIM_FIELDS:
+            raise src.error(path, "parameter names are lower_snake_case and must not shadow a "
+                            "state field")
+        if not isinstance(body, dict):
+            raise src.error(path, "must be a mapping with default, range, flag, env, doc")
+        _known_keys(src, path, body, {"default", "range", "flag", "env", "doc"})
+        default = body.get("default")
+        if isinstance(default, bool) or not isinstance(default, int | float):
+            raise src.error((*path, "default"), "must be a number")
+        rng = body.get("range")
+        if not (isinstance(rng, list) and len(rng) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in rng)
+                and rng[0] <= rng[1]):
+            raise src.error((*path, "range"), "must be [min, max] with min <= max")
+        if not rng[0] <= default <= rng[1]:
+            raise src.error((*path, "default"), f"{default} is outside range {rng}")
+        flag = body.get("flag", "--" + name.replace("_", "-"))
+        env = body.get("env", "FAIRTICK_" + name.upper())
+        if not (isinstance(flag, str) and re.match(r"^--[a-z][a-z0-9-]*$", flag)):
+            raise src.error((*path, "flag"), "must look like --some-name")
+        if not (isinstance(env, str) and re.match(r"^FAIRTICK_[A-Z0-9_]+$", env)):
+            raise src.error((*path, "env"), "must look like FAIRTICK_SOME_NAME")
+        out.append(ParameterSpec(name, default, rng[0], rng[1], flag, env,
+                                 str(body.get("doc", "")).strip()))
+    return tuple(out)
+
+
+def _rules(src: Source, raw: Any, names: dict[str, Kind]) -> tuple[Rule, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise src.error(("rules",), "must be a non-empty list of {name, when, action}")
+    rules, seen = [], set()
+    for i, body in enumerate(raw):
+        path: Path_ = ("rules", i)
+        if not isinstance(body, dict):
+            raise src.error(path, "each rule is a mapping with name, when, action")
+        _known_keys(src, path, body, {"name", "when", "action", "doc"})
+        name = _required(src, (*path, "name"), body, str)
+        if name in seen:
+            raise src.error((*path, "name"), f"duplicate rule name {name!r}")
+        seen.add(name)
+        action = body.get("action")
+        if action not in ACTIONS:
+            raise src.error((*path, "action"), f"must be one of {', '.join(ACTIONS)}")
+        when = _expr(src, (*path, "when"), body.get("when", True), names, "bool")
+        rules.append(Rule(name, when, action, src.line(path)))
+    return tuple(rules)
+
+
+def _claims(src: Source, raw: Any, names: dict[str, Kind]) -> dict[str, Expr | None]:
+    if not isinstance(raw, dict):
+        raise src.error(("claims",), f"must be a mapping with {', '.join(CLAIMS)}")
+    _known_keys(src, ("claims",), raw, set(CLAIMS))
+    out: dict[str, Expr | None] = {}
+    for claim in CLAIMS:
+        if claim not in raw:
+            raise src.error(("claims", claim), "is required (write `unbounded` if there is none)")
+        value = raw[claim]
+        out[claim] = None if value == "unbounded" else \
+            _expr(src, ("claims", claim), value, names, "num")
+    return out
