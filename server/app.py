@@ -38,6 +38,8 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.RESPONSE_TIMEOUT = config.response_timeout_s
     app.config.FALLBACK_ERROR_FORMAT = "json"
+    # TouchUp rewrites Sanic's own classes once per process; a second app would fail to start.
+    app.config.TOUCHUP = False
     app.ctx.config = config
     app.ctx.engine = engine
     app.ctx.draining = False

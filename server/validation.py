@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from runtime.sampling import SamplingParams
-
 from server.errors import ApiError, invalid
 from server.fields import get_bool, get_float, get_int, get_str, require_unsupported_default
 from server.prompts import read_messages, read_prompt
@@ -218,6 +217,8 @@ def _read_sampling_fields(kind: Kind, body: dict[str, Any], limits: ModelLimits)
     top_k = get_int(body, "top_k", -1, MAX_TOP_K)
     temperature = get_float(body, "temperature", 0.0, 2.0)
     top_p = get_float(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise invalid("`top_p` must be greater than 0 (1 disables it)", "top_p")
     return {
         "max_tokens": max_tokens,
         "temperature": 0.0 if temperature is None else temperature,

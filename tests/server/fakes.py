@@ -97,18 +97,25 @@ class ThreadedServer:
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._loop.run_until_complete,
-                                        args=(self._main(),), daemon=True)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ThreadedServer:
         self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the test server did not start")
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError("the test server did not start") from self._error
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)  # type: ignore[union-attr]
         self._thread.join(30)
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()

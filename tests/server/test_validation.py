@@ -90,7 +90,7 @@ def test_temperature_type_range_and_finiteness(value):
     expect(completion, temperature=value, param="temperature", match="number from 0.0 to 2.0")
 
 
-@pytest.mark.parametrize("value", [1.5, -1, float("-inf")])
+@pytest.mark.parametrize("value", [1.5, -1, float("-inf"), 0, 0.0])
 def test_top_p_range(value):
     expect(completion, top_p=value, param="top_p")
 
