@@ -109,6 +109,9 @@ class Checker:
         self.lifecycle = lifecycle or load_lifecycle()
         self.bounds = Bounds.of(policy, slots, max_chunks, horizon)
         self._caps = self._make_caps(horizon)
+        # With the TTFT claim implied, neither ages nor prompt sizes need to be in the state.
+        self._checked = replace(self.bounds, ttft_by_chunks=(None,)) if self.ttft_implied \
+            else self.bounds
 
     @property
     def ttft_implied(self) -> bool:
@@ -197,8 +200,10 @@ class Checker:
     def canonical(self, world: World) -> World:
         """Renumber ids by arrival order and apply the counter caps."""
         wait, age, over, dwait, streak = self._caps
-        seqs = tuple(SeqRec(i, s.phase, s.prefill_left, s.num_chunks, min(s.wait, wait),
-                            min(s.age, age), min(s.overtaken, over))
+        implied = self.ttft_implied
+        seqs = tuple(SeqRec(i, s.phase, s.prefill_left,
+                            0 if implied and s.phase != "waiting" else s.num_chunks,
+                            min(s.wait, wait), min(s.age, age), min(s.overtaken, over))
                      for i, s in enumerate(world.seqs))
         has_decoding = any(s.phase == "decoding" for s in seqs)
         return World(seqs, min(world.streak, streak), min(world.dwait, dwait) if has_decoding
@@ -278,7 +283,8 @@ class Checker:
                       decode_wait_after_tick(state, decision))
         violations += check_slots(sum(s.phase in self.lifecycle.slot_states for s in seqs),
                                   self.slots)
-        violations += check_claims(self._tick_state(seqs, after), self.bounds, tuple(completed))
+        violations += check_claims(self._tick_state(seqs, after), self._checked,
+                                   tuple(completed))
         granted = f" granted {list(decision.granted)}" if decision.granted else ""
         note = f"{decision.action} (rule {decision.rule}){granted}"
         return Step(("tick", 0), after, tuple(events), tuple(violations), note)
