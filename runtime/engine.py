@@ -1,0 +1,250 @@
+"""The engine: one thread owns MLX and runs the scheduler's ticks over the model.
+
+Each tick: drain the inbox (submit, abort) -> decide (the scheduler core asks `decide_tick`) ->
+execute the plan (prefill chunks, one batched decode step) -> apply the outcome through the
+lifecycle triggers -> publish tokens, metrics and the trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
+from runtime.executor import Executor
+from runtime.metrics import EngineMetrics
+from runtime.model import ModelBundle, load_model
+from runtime.requests import LiveRequest
+from statemachine.scheduler import Scheduler, TickPlan
+from statemachine.tick import make_policy
+from statemachine.trace import TraceLog
+
+log = logging.getLogger("fairtick.engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs; validated on construction."""
+
+    model: str | None = None
+    parallel: int = 4
+    prefill_chunk_size: int = 512
+    policy: str = "default"
+    policy_params: Mapping[str, float] = field(default_factory=dict)
+    max_waiting: int = 64
+    max_kv_tokens: int | None = None
+    trace_capacity: int = 100_000
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("parallel", 1), ("prefill_chunk_size", 1), ("max_waiting", 0),
+                          ("trace_capacity", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
+            raise ValueError(f"max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
+
+
+class Engine:
+    """Owns the model, the scheduler core and the thread that runs them."""
+
+    def __init__(self, config: EngineConfig, bundle: ModelBundle | None = None) -> None:
+        self.config = config
+        self.policy = make_policy(config.policy, config.policy_params, origin="policy parameter")
+        self.bundle = bundle or load_model(config.model)
+        self.metrics = EngineMetrics()
+        self.registry = self.metrics.registry
+        self.trace = TraceLog(config.trace_capacity)
+        self.scheduler = Scheduler(self.policy, config.parallel, config.prefill_chunk_size,
+                                   trace=self.trace, check=config.check_invariants,
+                                   clock=time.time)
+        self.executor = Executor(self.bundle)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
+        self._live: dict[int, LiveRequest] = {}
+        self._by_request: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._num_queued = 0  # submitted, not yet admitted (guarded by _count_lock)
+        self._count_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._accepting = True
+        self.error: BaseException | None = None
+
+    # -- callers' side ---------------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, int | float]:
+        return dict(self.policy.params)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread = threading.Thread(target=self._run, name="fairtick-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop admitting; let running requests finish for up to `grace_s`; abort the rest."""
+        self._accepting = False
+        deadline = time.monotonic() + grace_s
+        while self._live and self.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> None:
+        """Queue a request; `sink` receives its events on the engine thread."""
+        if not self.alive or not self._accepting:
+            raise EngineDead(f"the engine is not running ({self.error or 'stopped'})")
+        need = len(request.prompt_tokens) + request.sampling.max_tokens
+        if not request.prompt_tokens:
+            raise ValueError("the prompt is empty: send at least one token")
+        if need > self.bundle.context_length:
+            raise ValueError(f"prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
+                             f"({request.sampling.max_tokens}) is {need} tokens, more than the "
+                             f"model's context of {self.bundle.context_length}")
+        with self._count_lock:
+            if self._num_queued >= self.config.max_waiting:
+                raise EngineFull(f"{self._num_queued} requests are already waiting "
+                                 f"(--max-waiting {self.config.max_waiting})")
+            self._num_queued += 1
+        self._inbox.put(("submit", (request, sink, time.monotonic())))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at the next tick, whatever state it is in."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The policy, its parameters and every live sequence with its state."""
+        with self._lock:
+            seqs = [{"seq": s.seq_id, "request_id": self._live[s.seq_id].request_id
+                     if s.seq_id in self._live else None, "state": s.state,
+                     "prefill_left": s.prefill_left, "wait_ticks": s.wait_ticks,
+                     "generated": self._live[s.seq_id].num_generated
+                     if s.seq_id in self._live else 0}
+                    for s in self.scheduler.sequences()]
+            return {"policy": self.policy.name, "params": self.params,
+                    "tick": self.scheduler.tick, "slots": self.config.parallel,
+                    "prefill_chunk_size": self.config.prefill_chunk_size,
+                    "alive": self.alive, "sequences": seqs}
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_inbox()
+                if not self._live:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                self.step()
+        except BaseException as exc:  # noqa: BLE001 - the engine reports its death
+            log.exception("engine thread died")
+            self.error = exc
+        finally:
+            reason = f"engine stopped: {self.error}" if self.error else "server shutting down"
+            for live in list(self._live.values()):
+                live.end("error" if self.error else "abort", error=reason)
+            self._drain_inbox(refuse=reason)
+
+    def _drain_inbox(self, refuse: str | None = None) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                request, sink, submitted_s = item
+                live = LiveRequest(next(self._ids), request, sink, self.bundle.tokenizer,
+                                   self.bundle.eos_token_ids, submitted_s)
+                if refuse is not None:
+                    live.end("error", error=refuse)
+                    continue
+                self._live[live.seq_id] = live
+                self._by_request[request.request_id] = live.seq_id
+                with self._lock:
+                    self.scheduler.submit(live.seq_id, len(request.prompt_tokens))
+                self.executor.add(live.seq_id, request.prompt_tokens, request.sampling)
+            elif kind == "abort" and item in self._by_request:
+                self._retire(self._by_request[item], "abort")
+
+    def step(self) -> None:
+        """One tick: decide, execute, apply, publish."""
+        start = time.monotonic()
+        with self._lock:
+            plan = self.scheduler.schedule()
+        self._note_admissions(start)
+        finished = self._execute(plan)
+        with self._lock:
+            self.scheduler.complete(plan, finished)
+        for seq_id in finished:
+            self._retire(seq_id, None)
+        self._record(plan, time.monotonic() - start)
+
+    def _execute(self, plan: TickPlan) -> list[int]:
+        tokens: dict[int, int] = {}
+        for work in plan.prefills:
+            token = self.executor.prefill(work.seq_id, work.num_tokens)
+            self.metrics.prompt_tokens.inc(work.num_tokens)
+            if token is not None:
+                tokens[work.seq_id] = token
+        if plan.decode:
+            tokens.update(self.executor.decode(plan.decode))
+        now = time.monotonic()
+        return [seq_id for seq_id, token in tokens.items()
+                if self._live[seq_id].accept(token, now, self.metrics)]
+
+    def _retire(self, seq_id: int, reason: str | None) -> None:
+        live = self._live.pop(seq_id)
+        self._by_request.pop(live.request_id, None)
+        if live.admitted_s is None:
+            with self._count_lock:
+                self._num_queued -= 1
+        if reason is not None:
+            with self._lock:
+                self.scheduler.abort(seq_id)
+            live.end("abort")
+        self.executor.release(seq_id)
+
+    def _note_admissions(self, now_s: float) -> None:
+        for live in self._live.values():
+            if live.admitted_s is None:
+                seq = self.scheduler.sequence(live.seq_id)
+                if seq is not None and seq.state != "waiting":
+                    live.admitted_s = now_s
+                    self.metrics.queue_time.observe(now_s - live.submitted_s)
+                    with self._count_lock:
+                        self._num_queued -= 1
+
+    def _record(self, plan: TickPlan, seconds: float) -> None:
+        m, decision = self.metrics, plan.decision
+        m.ticks.labels(decision.action).inc()
+        m.tick_duration.observe(seconds)
+        m.prefill_chunks.inc(len(plan.prefills))
+        if plan.decode:
+            m.decode_steps.inc()
+        if decision.action == "mixed":
+            m.mixed_steps.inc()
+        if plan.state.num_decoding:
+            m.prefill_grants.inc(len(decision.granted))
+        waits = {p.seq_id: p.wait_ticks for p in plan.state.parked}
+        for seq_id in decision.granted:
+            m.parked_wait.observe(waits[seq_id])
+        state = self.scheduler.tick_state()
+        m.parked.set(state.num_parked)
+        m.waiting.set(state.num_waiting)
+        m.running.set(state.num_parked + state.num_decoding)

@@ -1,0 +1,63 @@
+"""One request's life on the engine side: its sink, its text stream, its clocks."""
+
+from __future__ import annotations
+
+from runtime.api import FinishReason, GenerationRequest, Sink, TokenEvent
+from runtime.detok import TextStream
+from runtime.metrics import EngineMetrics
+
+
+class LiveRequest:
+    """A request the engine holds: turns sampled tokens into events and decides when it ends."""
+
+    def __init__(self, seq_id: int, request: GenerationRequest, sink: Sink, tokenizer: object,
+                 eos_token_ids: frozenset[int], submitted_s: float) -> None:
+        self.seq_id, self.request, self.sink = seq_id, request, sink
+        self.stream = TextStream(tokenizer, request.sampling.stop)
+        self.eos_token_ids = eos_token_ids
+        self.submitted_s = submitted_s
+        self.admitted_s: float | None = None
+        self.last_token_s: float | None = None
+        self.num_generated = 0
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def accept(self, token: int, now_s: float, metrics: EngineMetrics) -> bool:
+        """Publish one sampled token; True when the request is finished by it."""
+        sampling = self.request.sampling
+        if self.last_token_s is None:
+            metrics.ttft.observe(now_s - self.submitted_s)
+        else:
+            metrics.itl.observe(now_s - self.last_token_s)
+        self.last_token_s = now_s
+        self.num_generated += 1
+        metrics.generation_tokens.inc()
+        if token in self.eos_token_ids and not sampling.ignore_eos:
+            self.end("stop", token, self.stream.finish())
+            return True
+        text = self.stream.add(token)
+        if self.stream.stopped:
+            self.end("stop", token, text)
+        elif self.num_generated >= sampling.max_tokens:
+            self.end("length", token, text + self.stream.finish())
+        else:
+            self._send(TokenEvent(self.request_id, token, text))
+        return self.finish_reason is not None
+
+    def end(self, reason: FinishReason, token: int | None = None, text: str = "",
+            error: str | None = None) -> None:
+        """Send the last event (once)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self._send(TokenEvent(self.request_id, token, text, reason, error))
+
+    def _send(self, event: TokenEvent) -> None:
+        event = TokenEvent(event.request_id, event.token_id, event.text, event.finish_reason,
+                           event.error, len(self.request.prompt_tokens), self.num_generated)
+        try:
+            self.sink(event)
+        except Exception:  # noqa: BLE001 - a broken sink must not stop the engine
+            pass
