@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
 from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
 from runtime.executor import Executor
 from runtime.metrics import EngineMetrics
@@ -160,6 +162,9 @@ class Engine:
             for live in list(self._live.values()):
                 live.end("error" if self.error else "abort", error=reason)
             self._drain_inbox(refuse=reason)
+            # MLX needs its per-thread streams freed by the thread that used them, or the
+            # process aborts at exit ("terminate called without an active exception").
+            mx.clear_streams()
 
     def _drain_inbox(self, refuse: str | None = None) -> None:
         while True:
@@ -184,16 +189,21 @@ class Engine:
 
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
-        start = time.monotonic()
+        start = time.perf_counter()
         with self._lock:
             plan = self.scheduler.schedule()
-        self._note_admissions(start)
+        self._note_admissions(time.monotonic())
+        executing = time.perf_counter()
         finished = self._execute(plan)
+        applying = time.perf_counter()
         with self._lock:
             self.scheduler.complete(plan, finished)
         for seq_id in finished:
             self._retire(seq_id, None)
-        self._record(plan, time.monotonic() - start)
+        self._record(plan)
+        end = time.perf_counter()
+        self.metrics.tick_duration.observe(end - start)
+        self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
     def _execute(self, plan: TickPlan) -> list[int]:
         tokens: dict[int, int] = {}
@@ -230,10 +240,9 @@ class Engine:
                     with self._count_lock:
                         self._num_queued -= 1
 
-    def _record(self, plan: TickPlan, seconds: float) -> None:
+    def _record(self, plan: TickPlan) -> None:
         m, decision = self.metrics, plan.decision
         m.ticks.labels(decision.action).inc()
-        m.tick_duration.observe(seconds)
         m.prefill_chunks.inc(len(plan.prefills))
         if plan.decode:
             m.decode_steps.inc()

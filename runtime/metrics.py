@@ -43,6 +43,9 @@ class EngineMetrics:
                                      buckets=_TICK_BUCKETS, registry=r)
         self.tick_duration = Histogram("fairtick_tick_duration_seconds", "Wall time of a tick",
                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.scheduler_time = Counter(
+            "fairtick_scheduler_seconds", "Time spent in the scheduler core: decide_tick, "
+            "lifecycle triggers and bookkeeping (not the model)", registry=r)
         self.running = Gauge("fairtick_requests_running", "Sequences holding a slot",
                              registry=r)
         self.waiting = Gauge("fairtick_requests_waiting", "Requests queued for a slot",
