@@ -48,7 +48,9 @@ def test_trace_shows_a_requests_whole_lifecycle(server):
     assert {e["seq"] for e in events} == {events[0]["seq"]}, "one request, one sequence"
     triggers = [e["trigger"] for e in events]
     assert triggers[0] == "admit" and triggers[-1] == "finish", triggers
-    assert triggers.count("grant") == 2 and triggers.count("chunk_done") == 2, triggers
+    # At least two chunks (the policy may size them smaller); every grant ends in a chunk_done.
+    assert triggers.count("grant") >= 2, triggers
+    assert triggers.count("grant") == triggers.count("chunk_done"), triggers
     assert events[-1]["to"] == "finished"
     assert all(set(e) >= {"tick", "time", "seq", "from", "to", "trigger", "rule"} for e in events)
     ticks = [e["tick"] for e in events]
