@@ -19,12 +19,13 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
+from runtime.budget import CostModel
 from runtime.executor import Executor
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
 from runtime.requests import LiveRequest
 from statemachine.scheduler import Scheduler, TickPlan
-from statemachine.tick import make_policy
+from statemachine.tick import TickState, make_policy
 from statemachine.trace import TraceLog
 
 log = logging.getLogger("fairtick.engine")
@@ -68,6 +69,7 @@ class Engine:
                                    trace=self.trace, check=config.check_invariants,
                                    clock=time.time)
         self.executor = Executor(self.bundle)
+        self.costs = CostModel()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
@@ -190,8 +192,9 @@ class Engine:
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
         start = time.perf_counter()
+        budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
-            plan = self.scheduler.schedule()
+            plan = self.scheduler.schedule(budget)
         self._note_admissions(time.monotonic())
         executing = time.perf_counter()
         finished = self._execute(plan)
@@ -205,15 +208,33 @@ class Engine:
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
+    def _budget_tokens(self, state: TickState) -> int:
+        # Prefill tokens that fit this tick's target next to the decode step (0: not known yet).
+        chunk = self.config.prefill_chunk_size
+        if not state.num_decoding or not state.parked:
+            return chunk
+        decode_s = self.costs.decode_s(state.num_decoding)
+        expr = self.policy.spec.tick_budget_ms
+        if decode_s is None or expr is None:
+            return 0
+        target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        context = max(self.executor.num_tokens(p.seq_id) for p in state.parked)
+        return self.costs.prefill_tokens_within(target_s - decode_s, context, chunk)
+
     def _execute(self, plan: TickPlan) -> list[int]:
         tokens: dict[int, int] = {}
         for work in plan.prefills:
+            context = self.executor.num_tokens(work.seq_id)
+            tic = time.perf_counter()
             token = self.executor.prefill(work.seq_id, work.num_tokens)
+            self.costs.observe_prefill(work.num_tokens, context, time.perf_counter() - tic)
             self.metrics.prompt_tokens.inc(work.num_tokens)
             if token is not None:
                 tokens[work.seq_id] = token
         if plan.decode:
+            tic = time.perf_counter()
             tokens.update(self.executor.decode(plan.decode))
+            self.costs.observe_decode(len(plan.decode), time.perf_counter() - tic)
         now = time.monotonic()
         return [seq_id for seq_id, token in tokens.items()
                 if self._live[seq_id].accept(token, now, self.metrics)]

@@ -81,9 +81,11 @@ class Bounds:
 
 
 def check_claims(after: TickState, bounds: Bounds,
-                 completed: tuple[tuple[int, int, int], ...] = ()) -> list[Violation]:
-    """Claims on the state after a tick; `completed` lists (seq, age_ticks, num_chunks) of the
-    prompts whose last chunk ran in that tick."""
+                 completed: tuple[tuple[int, int, int], ...] = (),
+                 parked_ttft: bool = True) -> list[Violation]:
+    """Claims on the state after a tick; `completed` lists (seq, age_ticks, chunks) of the
+    prompts whose last chunk ran in that tick. `parked_ttft=False` checks TTFT only on
+    completion (when slices vary in size, a parked prompt's chunk count is not known yet)."""
     out = []
     for p in after.parked:
         if bounds.wait_ticks is not None and p.wait_ticks > bounds.wait_ticks:
@@ -95,7 +97,7 @@ def check_claims(after: TickState, bounds: Bounds,
         if bounds.overtakes is not None and p.overtaken > bounds.overtakes:
             out.append(Violation("overtakes", f"seq {p.seq_id} overtaken {p.overtaken} times "
                                  f"while parked; claimed <= {bounds.overtakes}", p.seq_id))
-        ttft = bounds.ttft(p.num_chunks)
+        ttft = bounds.ttft(p.num_chunks) if parked_ttft else None
         if ttft is not None and p.age_ticks >= ttft:
             out.append(Violation("ttft_ticks", f"seq {p.seq_id} ({p.num_chunks} chunks) still "
                                  f"parked after {p.age_ticks} ticks; claimed <= {ttft}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from statemachine.invariants import (
     Bounds,
@@ -96,10 +96,13 @@ class Scheduler:
         return True
 
     # -- one tick ------------------------------------------------------------------------
-    def schedule(self, budget_tokens: int = 0) -> TickPlan:
-        """Admit, decide, grant. The caller runs the plan, then calls `complete`."""
+    def schedule(self, budget: Callable[[TickState], int] | None = None) -> TickPlan:
+        """Admit, decide, grant. The caller runs the plan, then calls `complete`. `budget`
+        gives the prefill tokens that fit this tick's latency target, for the admitted state."""
         self._admit()
-        state = self.tick_state(budget_tokens)
+        state = self.tick_state()
+        if budget is not None:
+            state = replace(state, budget_tokens=budget(state))
         decision = decide_tick(state, self.policy)
         if self.check:
             self._raise(check_decision(state, decision))
@@ -107,6 +110,7 @@ class Scheduler:
         for seq_id in decision.granted:
             seq = self._live[seq_id]
             seq.granted_tokens = min(decision.chunk_tokens, seq.prefill_left)
+            seq.num_grants += 1
             self._fire(seq, "grant", decision.rule)
             prefills.append(PrefillWork(seq_id, seq.granted_tokens))
         decode = tuple(s.seq_id for s in self._live.values() if s.state == "decoding") \
@@ -125,7 +129,8 @@ class Scheduler:
             seq.granted_tokens = 0
             self._fire(seq, "chunk_done", rule)
             if seq.state == "decoding":
-                completed.append((seq.seq_id, seq.age_ticks + 1, seq.num_chunks))
+                completed.append((seq.seq_id, seq.age_ticks + 1, seq.num_grants))
+                self.max_chunks_seen = max(self.max_chunks_seen, seq.num_grants)
         for p in plan.state.parked:
             seq = self._live.get(p.seq_id)
             if seq is not None:
@@ -141,7 +146,8 @@ class Scheduler:
         if self.check:
             after = self.tick_state()
             self._raise(check_slots(self.num_holding_slots, self.num_slots)
-                        + check_claims(after, self.bounds(), tuple(completed)))
+                        + check_claims(after, self.bounds(), tuple(completed),
+                                       parked_ttft=self.policy.spec.tick_budget_ms is None))
 
     # -- derived views ---------------------------------------------------------------------
     def tick_state(self, budget_tokens: int = 0) -> TickState:
@@ -150,7 +156,7 @@ class Scheduler:
         for s in self._live.values():
             if s.state == "parked_prefill":
                 parked.append(ParkedPrefill(s.seq_id, s.wait_ticks, s.chunks_left,
-                                            s.num_chunks, s.age_ticks, s.overtaken))
+                                            s.chunks_expected, s.age_ticks, s.overtaken))
             elif s.state == "decoding":
                 num_decoding += 1
             elif s.state == "waiting":

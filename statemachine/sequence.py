@@ -26,6 +26,7 @@ class Sequence:
         self.overtaken = 0  # grants others received since this one's last grant
         self.admitted_tick: int | None = None
         self.granted_tokens = 0  # tokens of the chunk running this tick
+        self.num_grants = 0  # chunks (or slices) run so far
 
     def has_prefill_left(self) -> bool:
         """Guard: the prompt still has tokens to prefill."""
@@ -34,6 +35,12 @@ class Sequence:
     @property
     def chunks_left(self) -> int:
         return -(-self.prefill_left // self.chunk_size)
+
+    @property
+    def chunks_expected(self) -> int:
+        """Grants so far plus whole chunks left: the prompt's chunk count when every grant runs
+        a whole chunk; a lower bound when a policy runs smaller slices."""
+        return self.num_grants + self.chunks_left
 
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, {getattr(self, 'state', '?')})"

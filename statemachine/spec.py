@@ -80,6 +80,9 @@ class PolicySpec:
     chunk_tokens: Expr
     rules: tuple[Rule, ...]
     claims: dict[str, Expr | None]  # None: the policy honestly claims no bound
+    # Milliseconds a tick may take (over parameters and the measured `decode_step_ms`); the
+    # engine turns it into `budget_tokens` for each tick. None: no latency target.
+    tick_budget_ms: Expr | None = None
 
     def parameter(self, name: str) -> ParameterSpec:
         """The parameter called `name`; KeyError if the policy has none."""
@@ -120,7 +123,7 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
     if not isinstance(doc, dict):
         raise src.error((), "a policy spec is a mapping with name, doc, pick, rules, claims")
     _known_keys(src, (), doc, {"name", "doc", "parameters", "pick", "grants", "chunk_tokens",
-                               "rules", "claims"})
+                               "rules", "claims", "tick_budget_ms"})
     name = _required(src, ("name",), doc, str)
     if not _NAME.match(name):
         raise src.error(("name",), "must be lower_snake_case letters, digits and _")
@@ -141,6 +144,9 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
                            names, "num"),
         rules=_rules(src, doc.get("rules"), names),
         claims=_claims(src, doc.get("claims"), {**CLAIM_FIELDS, **param_kinds}),
+        tick_budget_ms=None if "tick_budget_ms" not in doc else _expr(
+            src, ("tick_budget_ms",), doc["tick_budget_ms"],
+            {"decode_step_ms": "num", **param_kinds}, "num"),
     )
 
 

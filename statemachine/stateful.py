@@ -58,7 +58,7 @@ def make_machine(policy: Policy, slots: int, max_chunks: int) -> type[RuleBasedS
             finished = data.draw(st.sets(st.sampled_from(plan.decode)) if plan.decode
                                  else st.just(set()), label="finished")
             self.sched.complete(plan, finished)
-            completed = tuple((s.seq_id, s.age_ticks, s.num_chunks)
+            completed = tuple((s.seq_id, s.age_ticks, s.num_grants)
                               for s in self.sched.sequences()
                               if s.state == "decoding" and s.seq_id in plan.decision.granted)
             problems += check_claims(self.sched.tick_state(), self.sched.bounds(), completed)

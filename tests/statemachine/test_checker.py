@@ -6,9 +6,10 @@ import pytest
 
 from statemachine.checker import Checker
 from statemachine.checker_cli import main as check_main
+from statemachine.spec import shipped_policy_names
 from statemachine.tick import make_policy
 
-NON_BASELINE = ["deadline", "grant_counter", "mixed_step", "prefill_priority"]
+NON_BASELINE = [n for n in shipped_policy_names() if n != "baseline"]
 SMALL = {"max_seqs": 3, "max_chunks": 3, "slots": 3}
 # Parameters small enough for the exhaustive search to stay quick in the test suite.
 QUICK = {"deadline": {"max_wait": 2}, "grant_counter": {"interval": 2}}

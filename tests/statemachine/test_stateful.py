@@ -3,11 +3,12 @@
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from statemachine.spec import shipped_policy_names
 from statemachine.stateful import make_machine, run_stateful, stateful_settings
 from statemachine.tick import make_policy
 
 
-@pytest.mark.parametrize("name", ["deadline", "grant_counter", "mixed_step", "prefill_priority"])
+@pytest.mark.parametrize("name", [n for n in shipped_policy_names() if n != "baseline"])
 @pytest.mark.parametrize(("slots", "max_chunks"), [(8, 20), (16, 12)])
 def test_claims_hold_on_random_runs(name, slots, max_chunks):
     run_state_machine_as_test(make_machine(make_policy(name), slots, max_chunks),
