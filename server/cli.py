@@ -86,13 +86,11 @@ def serve_main(argv: Sequence[str]) -> int:
 
 def _serve_parser() -> argparse.ArgumentParser:
     from runtime.engine import EngineConfig
-
     from server.validation import DEFAULT_MAX_BODY_BYTES
 
     d = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    p = argparse.ArgumentParser(
-        prog="fairtick serve", description="Serve the OpenAI-compatible API on HTTP.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="fairtick serve",
+                                description="Serve the OpenAI-compatible API on HTTP.")
     p.add_argument("--model", default=d["model"], metavar="PATH",
                    help="local mlx-lm model directory (default: the built-in offline model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -123,7 +121,6 @@ def _serve_parser() -> argparse.ArgumentParser:
 def make_server_config(args: argparse.Namespace, params: dict[str, int | float]) -> Any:
     """The ServerConfig for parsed `serve` arguments; ValueError names a bad value."""
     from runtime.engine import EngineConfig
-
     from server.config import ServerConfig
 
     if args.model is not None and not (Path(args.model) / "config.json").exists():

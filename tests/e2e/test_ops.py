@@ -103,6 +103,20 @@ def test_disconnect_while_waiting_leaves_the_queue(server):
         stream.drop()
 
 
+def test_disconnect_while_parked_aborts_the_prefill(server):
+    running = open_running(server, 1)
+    before = len(trace_events(server))
+    parked = OpenStream(server.url, "/v1/completions",
+                        {"prompt": "z" * 4000, "max_tokens": 2, "stream": True})
+    wait_gauge(server, "fairtick_requests_parked", 1)
+    parked.drop()
+    wait_gauge(server, "fairtick_requests_parked", 0)
+    running[0].drop()
+    server.wait_idle()
+    aborts = [e for e in trace_events(server)[before:] if e["trigger"] == "abort"]
+    assert any(e["from"] in ("parked_prefill", "prefilling") for e in aborts), aborts
+
+
 def test_a_full_queue_answers_429_with_retry_after(server):
     running = open_running(server, 2)
     queued = [OpenStream(server.url, "/v1/completions",
