@@ -18,7 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
+from runtime.admission import Admission
+from runtime.api import EngineDead, GenerationRequest, Sink
 from runtime.budget import CostModel
 from runtime.executor import Executor
 from runtime.metrics import EngineMetrics
@@ -76,8 +77,7 @@ class Engine:
         self._live: dict[int, LiveRequest] = {}
         self._by_request: dict[str, int] = {}
         self._ids = itertools.count()
-        self._num_queued = 0  # submitted, not yet admitted (guarded by _count_lock)
-        self._count_lock = threading.Lock()
+        self.admission = Admission(config.max_waiting, config.max_kv_tokens)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._accepting = True
@@ -119,11 +119,7 @@ class Engine:
             raise ValueError(f"prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
                              f"({request.sampling.max_tokens}) is {need} tokens, more than the "
                              f"model's context of {self.bundle.context_length}")
-        with self._count_lock:
-            if self._num_queued >= self.config.max_waiting:
-                raise EngineFull(f"{self._num_queued} requests are already waiting "
-                                 f"(--max-waiting {self.config.max_waiting})")
-            self._num_queued += 1
+        self.admission.reserve(need)
         self._inbox.put(("submit", (request, sink, time.monotonic())))
         self._wake.set()
 
@@ -180,6 +176,7 @@ class Engine:
                                    self.bundle.eos_token_ids, submitted_s)
                 if refuse is not None:
                     live.end("error", error=refuse)
+                    self.admission.release(live.kv_tokens, queued=True)
                     continue
                 self._live[live.seq_id] = live
                 self._by_request[request.request_id] = live.seq_id
@@ -222,34 +219,60 @@ class Engine:
         return self.costs.prefill_tokens_within(target_s - decode_s, context, chunk)
 
     def _execute(self, plan: TickPlan) -> list[int]:
+        # A failure in one request's work fails that request only; a failed batched decode
+        # fails the sequences in that batch. The engine thread carries on.
         tokens: dict[int, int] = {}
         for work in plan.prefills:
-            context = self.executor.num_tokens(work.seq_id)
-            tic = time.perf_counter()
-            token = self.executor.prefill(work.seq_id, work.num_tokens)
-            self.costs.observe_prefill(work.num_tokens, context, time.perf_counter() - tic)
-            self.metrics.prompt_tokens.inc(work.num_tokens)
+            try:
+                token = self._prefill(work.seq_id, work.num_tokens)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(work.seq_id, exc)
+                continue
             if token is not None:
                 tokens[work.seq_id] = token
-        if plan.decode:
+        decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
+        if decode:
             tic = time.perf_counter()
-            tokens.update(self.executor.decode(plan.decode))
-            self.costs.observe_decode(len(plan.decode), time.perf_counter() - tic)
-        now = time.monotonic()
-        return [seq_id for seq_id, token in tokens.items()
-                if self._live[seq_id].accept(token, now, self.metrics)]
+            try:
+                tokens.update(self.executor.decode(decode))
+            except Exception as exc:  # noqa: BLE001
+                for seq_id in decode:
+                    self._fail(seq_id, exc)
+            self.costs.observe_decode(len(decode), time.perf_counter() - tic)
+        now, finished = time.monotonic(), []
+        for seq_id, token in tokens.items():
+            try:
+                if self._live[seq_id].accept(token, now, self.metrics):
+                    finished.append(seq_id)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(seq_id, exc)
+        return finished
+
+    def _prefill(self, seq_id: int, num_tokens: int) -> int | None:
+        context = self.executor.num_tokens(seq_id)
+        tic = time.perf_counter()
+        token = self.executor.prefill(seq_id, num_tokens)
+        self.costs.observe_prefill(num_tokens, context, time.perf_counter() - tic)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        return token
+
+    def _fail(self, seq_id: int, exc: BaseException) -> None:
+        log.error("request failed in the engine: %r", exc, exc_info=exc)
+        live = self._live.get(seq_id)
+        if live is not None:
+            live.end("error", error=f"internal error while generating: {exc}")
+            self._retire(seq_id, "error")
 
     def _retire(self, seq_id: int, reason: str | None) -> None:
         live = self._live.pop(seq_id)
         self._by_request.pop(live.request_id, None)
-        if live.admitted_s is None:
-            with self._count_lock:
-                self._num_queued -= 1
-        if reason is not None:
+        self.admission.release(live.kv_tokens, queued=live.admitted_s is None)
+        if reason is not None:  # aborted (or failed) before it finished
             with self._lock:
                 self.scheduler.abort(seq_id)
             live.end("abort")
-        self.executor.release(seq_id)
+        if seq_id in self.executor:
+            self.executor.release(seq_id)
 
     def _note_admissions(self, now_s: float) -> None:
         for live in self._live.values():
@@ -258,8 +281,7 @@ class Engine:
                 if seq is not None and seq.state != "waiting":
                     live.admitted_s = now_s
                     self.metrics.queue_time.observe(now_s - live.submitted_s)
-                    with self._count_lock:
-                        self._num_queued -= 1
+                    self.admission.admitted()
 
     def _record(self, plan: TickPlan) -> None:
         m, decision = self.metrics, plan.decision

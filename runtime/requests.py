@@ -25,6 +25,11 @@ class LiveRequest:
     def request_id(self) -> str:
         return self.request.request_id
 
+    @property
+    def kv_tokens(self) -> int:
+        """KV cache tokens this request may hold: its prompt and every token it may generate."""
+        return len(self.request.prompt_tokens) + self.request.sampling.max_tokens
+
     def accept(self, token: int, now_s: float, metrics: EngineMetrics) -> bool:
         """Publish one sampled token; True when the request is finished by it."""
         sampling = self.request.sampling

@@ -192,3 +192,56 @@ def test_trace_holds_only_declared_transitions(bundle):
     events = engine.trace.events()
     assert {e["trigger"] for e in events} >= {"admit", "grant", "chunk_done", "finish"}
     assert all((e["from"], e["trigger"], e["to"]) in edges for e in events)
+
+
+def test_a_fault_in_one_request_fails_only_that_request(bundle):
+    engine, got = make_engine(bundle, "mixed_step"), Collector()
+    poisoned = prompt(40, 5)
+    real_prefill = engine.executor.prefill
+
+    def prefill(seq_id: int, num_tokens: int) -> int | None:  # fault injection, one request
+        if engine.executor.prompt_left(seq_id) == len(poisoned):
+            raise RuntimeError("injected fault")
+        return real_prefill(seq_id, num_tokens)
+
+    engine.executor.prefill = prefill
+    try:
+        submit(engine, got, "ok1", prompt(10, 1), max_tokens=30)
+        submit(engine, got, "bad", poisoned, max_tokens=30)
+        submit(engine, got, "ok2", prompt(50, 2), max_tokens=30)
+        got.wait("ok1", "bad", "ok2")
+        assert engine.alive
+        submit(engine, got, "after", prompt(10, 3), max_tokens=5)
+        got.wait("after")
+        wait_until(lambda: engine.executor.num_sequences == 0)
+    finally:
+        engine.stop()
+    assert got.last("bad").finish_reason == "error" and "injected fault" in got.last("bad").error
+    for rid, n in (("ok1", 30), ("ok2", 30), ("after", 5)):
+        assert got.last(rid).finish_reason == "length" and len(got.tokens(rid)) == n
+    assert engine.admission.kv_tokens == 0 and engine.admission.num_queued == 0
+
+
+def test_kv_budget_and_queue_bound_refuse_at_once(bundle):
+    from runtime.api import EngineFull
+
+    engine, got = make_engine(bundle, "mixed_step", parallel=1, max_waiting=1,
+                              max_kv_tokens=300), Collector()
+    try:
+        with pytest.raises(ValueError, match="whole budget"):
+            submit(engine, got, "huge", prompt(290, 0), max_tokens=20)
+        submit(engine, got, "a", prompt(100, 1), max_tokens=100)  # 200 of 300 KV tokens
+        wait_until(lambda: got.tokens("a"))  # "a" holds the only slot; nothing is queued
+        with pytest.raises(EngineFull, match="KV tokens"):
+            submit(engine, got, "b", prompt(100, 2), max_tokens=100)
+        submit(engine, got, "c", prompt(10, 3), max_tokens=20)  # queued: 230 of 300
+        with pytest.raises(EngineFull, match="already waiting"):
+            submit(engine, got, "d", prompt(10, 4), max_tokens=20)
+        got.wait("a", "c")
+        wait_until(lambda: engine.admission.kv_tokens == 0)
+        submit(engine, got, "e", prompt(100, 5), max_tokens=100)  # the budget is free again
+        got.wait("e")
+    finally:
+        engine.stop()
+    assert [got.last(r).finish_reason for r in "ace"] == ["length"] * 3
+    assert engine.admission.num_queued == 0
