@@ -165,11 +165,15 @@ class Engine:
             mx.clear_streams()
 
     def _drain_inbox(self, refuse: str | None = None) -> None:
+        drained = False
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
             except queue.Empty:
+                if drained:
+                    self._set_gauges()  # an abort may have emptied the engine: no tick follows
                 return
+            drained = True
             if kind == "submit":
                 request, sink, submitted_s = item
                 live = LiveRequest(next(self._ids), request, sink, self.bundle.tokenizer,
@@ -296,7 +300,10 @@ class Engine:
         waits = {p.seq_id: p.wait_ticks for p in plan.state.parked}
         for seq_id in decision.granted:
             m.parked_wait.observe(waits[seq_id])
+        self._set_gauges()
+
+    def _set_gauges(self) -> None:
         state = self.scheduler.tick_state()
-        m.parked.set(state.num_parked)
-        m.waiting.set(state.num_waiting)
-        m.running.set(state.num_parked + state.num_decoding)
+        self.metrics.parked.set(state.num_parked)
+        self.metrics.waiting.set(state.num_waiting)
+        self.metrics.running.set(state.num_parked + state.num_decoding)
