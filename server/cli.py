@@ -144,19 +144,38 @@ def trace_main(argv: Sequence[str]) -> int:
     p.add_argument("--since", type=int, default=0, metavar="T", help="first tick to show")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N events")
     p.add_argument("--json", action="store_true", help="raw JSON lines instead of a table")
+    p.add_argument("--png", metavar="FILE", default=None,
+                   help="draw the trace as a PNG picture (one lane per sequence, coloured by "
+                   "state) instead of printing it")
+    p.add_argument("--file", metavar="JSONL", default=None,
+                   help="read trace JSON lines (or `fairtick check` output) from a file "
+                   "instead of --url")
     args = p.parse_args(argv)
-    query = {"since": args.since, **({"limit": args.limit} if args.limit is not None else {})}
-    url = f"{args.url.rstrip('/')}/debug/trace?{urllib.parse.urlencode(query)}"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            text = response.read().decode("utf-8")
-    except urllib.error.HTTPError as exc:
-        print(f"fairtick trace: {url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}",
-              file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"fairtick trace: cannot reach {url}: {exc}", file=sys.stderr)
-        return 1
+    if args.file is not None:
+        from server.trace_png import read_trace_file
+
+        file_text = read_trace_file(args.file, args.since, args.limit)
+        if file_text is None:
+            return 1
+        text = file_text
+    else:
+        query = {"since": args.since, **({"limit": args.limit} if args.limit is not None else {})}
+        url = f"{args.url.rstrip('/')}/debug/trace?{urllib.parse.urlencode(query)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                text = response.read().decode("utf-8")
+        except urllib.error.HTTPError as exc:
+            print(f"fairtick trace: {url}: HTTP {exc.code}: "
+                  f"{exc.read().decode(errors='replace')}", file=sys.stderr)
+            return 1
+        except (urllib.error.URLError, OSError) as exc:
+            print(f"fairtick trace: cannot reach {url}: {exc}", file=sys.stderr)
+            return 1
+    if args.png is not None:
+        from server.trace_png import trace_end_tick, write_trace_png
+
+        end_tick = trace_end_tick(args.file, args.url)
+        return write_trace_png(text, args.png, args.file or args.url, end_tick)
     if args.json:
         sys.stdout.write(text)
         return 0

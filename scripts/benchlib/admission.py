@@ -1,0 +1,237 @@
+"""The admission scenario against a running server: N decode streams, then one long prompt.
+
+Timeline (client monotonic clock): the streams start; once all have a token, the quiet window
+runs for `settle_s`; the prompt is sent at t_admit; the admission window ends at its first
+token, t_first. Every stream is then closed a few tokens later (or runs to max_tokens if the
+policy makes the prompt wait for it). Anything that breaks the attribution of latencies to
+these windows raises NotComparable instead of returning numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import string
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchlib.attribution import NotComparable, check_attribution, policy_actions
+from benchlib.client import TimedStream, get_json, get_metrics, get_trace, wait_idle
+from benchlib.windows import GapStats, Window, gaps_in, ratio
+
+COUNTERS = ("fairtick_prefill_chunks_total", "fairtick_prefill_grants_total",
+            "fairtick_mixed_steps_total", "fairtick_decode_steps_total")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """One measurement; ValueError names a bad field."""
+
+    url: str
+    streams: int = 4
+    stream_tokens: int = 8192
+    prompt_tokens: int = 10_000
+    settle_s: float = 5.0
+    alone: str = "first"  # when to measure the prompt alone: first, last or skip
+    ttft_alone_s: float | None = None  # a known value instead of measuring it
+    tail_tokens: int = 3
+    start_timeout_s: float = 30.0  # until every stream has its first token
+    min_quiet_gaps: int = 5
+    timeout_s: float = 900.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {"streams": self.streams >= 1, "stream_tokens": self.stream_tokens >= 2,
+                  "prompt_tokens": self.prompt_tokens >= 2, "settle_s": self.settle_s >= 0,
+                  "alone": self.alone in ("first", "last", "skip"),
+                  "tail_tokens": self.tail_tokens >= 1, "timeout_s": self.timeout_s > 0,
+                  "start_timeout_s": self.start_timeout_s > 0,
+                  "min_quiet_gaps": self.min_quiet_gaps >= 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    """What one run measured; times in seconds unless named _ms."""
+
+    policy: str
+    params: dict[str, Any]
+    slots: int
+    chunk_tokens: int
+    streams: int
+    prompt_tokens: int
+    ttft_s: float
+    ttft_alone_s: float
+    ttft_ratio: float
+    quiet: list[GapStats]  # one per stream
+    admission: list[GapStats]
+    quiet_pooled: GapStats
+    admission_pooled: GapStats
+    p95_inflation: float
+    first_token_before_last_stream_token: bool
+    prompt_chunks: int
+    prompt_chunks_while_streams_live: int
+    quiet_tokens_per_s: float
+    counters: dict[str, float]  # deltas over the admission window
+    grants_by_rule: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+
+def make_prompt(num_tokens: int, seed: int) -> str:
+    """Printable text of about num_tokens tokens (one per byte, plus BOS)."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits + " "
+    return "".join(rng.choice(alphabet) for _ in range(num_tokens - 1))
+
+
+def run_admission(cfg: AdmissionConfig) -> AdmissionResult:
+    """Measure once; NotComparable when attribution fails."""
+    deadline = time.monotonic() + cfg.timeout_s
+    state = get_json(cfg.url, "/debug/state")
+    if state["slots"] < cfg.streams + 1:
+        raise NotComparable(f"the server has {state['slots']} slots: {cfg.streams} streams and "
+                            f"the prompt need {cfg.streams + 1} (--parallel)")
+    missing = [c for c in COUNTERS if c not in get_metrics(cfg.url)]
+    if missing:
+        raise NotComparable(f"missing counters in /metrics: {', '.join(missing)}")
+    wait_idle(cfg.url, timeout_s=60)
+    _complete(cfg, "warm-up", "warm up", 2, deadline)
+    alone_s = cfg.ttft_alone_s
+    if alone_s is None and cfg.alone == "first":
+        alone_s = _measure_alone(cfg, deadline)
+    run = _contend(cfg, deadline)
+    if alone_s is None and cfg.alone == "last":
+        wait_idle(cfg.url, timeout_s=60)
+        alone_s = _measure_alone(cfg, deadline)
+    return _summarize(cfg, state, run, math.nan if alone_s is None else alone_s)
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise NotComparable("the run exceeded --timeout-s")
+    return left
+
+
+def _complete(cfg: AdmissionConfig, what: str, prompt: str, max_tokens: int,
+              deadline: float) -> TimedStream:
+    stream = TimedStream(cfg.url, prompt, max_tokens, _remaining(deadline)).start()
+    if not stream.join(_remaining(deadline)) or stream.error or not stream.done:
+        raise NotComparable(f"the {what} request failed: {stream.error or 'timed out'}")
+    return stream
+
+
+def _measure_alone(cfg: AdmissionConfig, deadline: float) -> float:
+    stream = _complete(cfg, "prompt-alone", make_prompt(cfg.prompt_tokens, cfg.seed + 1), 1,
+                       deadline)
+    assert stream.ttft_s is not None
+    return stream.ttft_s
+
+
+@dataclass
+class _Run:
+    streams: list[TimedStream]
+    prompt: TimedStream
+    t_streaming: float
+    t_admit: float
+    t_first: float
+    tick_admit: int
+    stream_seqs: set[int]
+    at_admit: dict[str, float]
+    at_first: dict[str, float]
+    trace: list[dict[str, Any]]
+
+
+def _contend(cfg: AdmissionConfig, deadline: float) -> _Run:
+    streams = [TimedStream(cfg.url, f"stream {i}: ", cfg.stream_tokens, _remaining(deadline))
+               for i in range(cfg.streams)]
+    try:
+        return _admit_into(cfg, streams, deadline)
+    finally:
+        for s in streams:  # on any failure, do not leave streams running for max_tokens
+            if not s.ended:
+                s.close()
+
+
+def _admit_into(cfg: AdmissionConfig, streams: list[TimedStream], deadline: float) -> _Run:
+    for s in streams:
+        s.start()
+    _wait_streaming(cfg, streams, deadline)
+    t_streaming = max(s.times_s[0] for s in streams)
+    time.sleep(cfg.settle_s)
+    ended = [i for i, s in enumerate(streams) if s.ended]
+    if ended:
+        raise NotComparable(f"stream(s) {ended} ended before the admission: they cannot "
+                            f"straddle the admission window (raise --stream-tokens)")
+    state = get_json(cfg.url, "/debug/state")
+    seqs = state["sequences"]
+    if len(seqs) != cfg.streams or any(s["state"] != "decoding" for s in seqs):
+        raise NotComparable(f"at admission the server held {[s['state'] for s in seqs]}, not "
+                            f"{cfg.streams} decoding streams (other traffic, or streams too "
+                            f"short: raise --stream-tokens)")
+    at_admit = get_metrics(cfg.url)
+    prompt = TimedStream(cfg.url, make_prompt(cfg.prompt_tokens, cfg.seed), 1,
+                         _remaining(deadline)).start()
+    prompt.first_token.wait(_remaining(deadline))
+    if not prompt.times_s or prompt.sent_s is None:
+        raise NotComparable(f"the admitted prompt failed: {prompt.error or 'timed out'}")
+    at_first = get_metrics(cfg.url)
+    t_first = prompt.times_s[0]
+    for s in streams:
+        s.stop_after(t_first, cfg.tail_tokens)
+    for i, s in enumerate([*streams, prompt]):
+        if not s.join(_remaining(deadline)):
+            raise NotComparable(f"stream {i} did not end before --timeout-s")
+    wait_idle(cfg.url, timeout_s=60)
+    return _Run(streams, prompt, t_streaming, prompt.sent_s, t_first, int(state["tick"]),
+                {int(s["seq"]) for s in seqs}, at_admit, at_first,
+                get_trace(cfg.url, int(state["tick"])))
+
+
+def _wait_streaming(cfg: AdmissionConfig, streams: list[TimedStream], deadline: float) -> None:
+    start_by = min(deadline, time.monotonic() + cfg.start_timeout_s)
+    for i, s in enumerate(streams):
+        s.first_token.wait(max(0.0, start_by - time.monotonic()))
+        if s.error:
+            raise NotComparable(f"stream {i} failed before its first token: {s.error}")
+    started = sum(1 for s in streams if s.times_s)
+    if started < len(streams):
+        states = sorted(q["state"] for q in get_json(cfg.url, "/debug/state")["sequences"])
+        raise NotComparable(
+            f"after {cfg.start_timeout_s:.0f} s only {started} of {len(streams)} streams had a "
+            f"token (server holds {states}): the policy does not prefill the streams' own "
+            f"prompts beside a decoding stream, so they cannot all decode at once "
+            f"(measure it with --streams 1)")
+
+
+def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
+               alone_s: float) -> AdmissionResult:
+    quiet_w, adm_w = Window(run.t_streaming, run.t_admit), Window(run.t_admit, run.t_first)
+    quiet = [gaps_in(s.times_s, quiet_w) for s in run.streams]
+    admission = [gaps_in(s.times_s, adm_w, mostly=True) for s in run.streams]
+    delta = {k: v - run.at_admit.get(k, 0.0) for k, v in run.at_first.items()
+             if k.endswith("_total") or k.startswith("fairtick_ticks_total{")}
+    spec = policy_actions(state["policy"])
+    facts = check_attribution(cfg, run, quiet, admission, delta, spec)
+    quiet_pooled = GapStats.of([g for gs in quiet for g in gs])
+    admission_pooled = GapStats.of([g for gs in admission for g in gs])
+    ttft_s = run.t_first - run.t_admit
+    quiet_s = quiet_w.end_s - quiet_w.start_s
+    return AdmissionResult(
+        policy=state["policy"], params=state["params"], slots=state["slots"],
+        chunk_tokens=state["prefill_chunk_size"], streams=cfg.streams,
+        prompt_tokens=cfg.prompt_tokens, ttft_s=ttft_s, ttft_alone_s=alone_s,
+        ttft_ratio=ratio(ttft_s, alone_s), quiet=[GapStats.of(g) for g in quiet],
+        admission=[GapStats.of(g) for g in admission], quiet_pooled=quiet_pooled,
+        admission_pooled=admission_pooled,
+        p95_inflation=ratio(admission_pooled.p95_ms, quiet_pooled.p95_ms),
+        first_token_before_last_stream_token=run.t_first < max(s.times_s[-1]
+                                                               for s in run.streams),
+        prompt_chunks=facts.prompt_chunks,
+        prompt_chunks_while_streams_live=facts.contended_chunks,
+        quiet_tokens_per_s=sum(len(g) for g in quiet) / quiet_s if quiet_s > 0 else math.nan,
+        counters={k: v for k, v in delta.items() if not k.endswith("_created")},
+        grants_by_rule=facts.grants_by_rule, notes=facts.notes)

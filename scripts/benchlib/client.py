@@ -1,0 +1,185 @@
+"""A stdlib HTTP client for a running `fairtick serve`: JSON routes, /metrics, and streamed
+completions whose token arrival times are recorded on the monotonic clock."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class ServerError(RuntimeError):
+    """The server could not be reached or answered with an error."""
+
+
+def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urllib.parse.urlparse(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"--url must look like http://127.0.0.1:PORT, got {url!r}")
+    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+
+
+def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
+    """The body of GET `path`; ServerError unless it is 200."""
+    conn = _connection(url, timeout_s)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ServerError(f"cannot reach {url}{path}: {exc}") from exc
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise ServerError(f"GET {path}: HTTP {response.status}: {body[:300]}")
+    return body
+
+
+def get_json(url: str, path: str, timeout_s: float = 30.0) -> Any:
+    return json.loads(get_text(url, path, timeout_s))
+
+
+def get_trace(url: str, since_tick: int = 0) -> list[dict[str, Any]]:
+    """/debug/trace events of tick >= since_tick."""
+    text = get_text(url, f"/debug/trace?since={since_tick}")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def get_metrics(url: str) -> dict[str, float]:
+    """Every sample of /metrics, keyed `name` or `name{label="value",...}`."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(get_text(url, "/metrics")):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+def wait_until(check: Any, timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
+    """Poll `check()` until it returns a truthy value; TimeoutError names `what`."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except (ServerError, OSError, ValueError) as exc:
+            last_error = exc
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not reached within {timeout_s:.0f} s"
+                       + (f" (last error: {last_error})" if last_error else ""))
+
+
+def wait_idle(url: str, timeout_s: float = 60.0) -> None:
+    """Until the server holds no live sequence."""
+    wait_until(lambda: not get_json(url, "/debug/state")["sequences"], timeout_s,
+               "an idle server")
+
+
+class TimedStream:
+    """One streamed /v1/completions request on its own thread, recording when each token
+    arrives. `stop_after(t, n)` closes it (the server aborts it) once it has n tokens after t."""
+
+    def __init__(self, url: str, prompt: str, max_tokens: int, timeout_s: float) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self.body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                                "temperature": 0})
+        self.max_tokens = max_tokens
+        self.sent_s: float | None = None
+        self.times_s: list[float] = []
+        self.error: str | None = None
+        self.done = False  # ended with [DONE]
+        self.cancelled = False  # closed by stop_after
+        self.first_token = threading.Event()
+        self._stop: tuple[float, int] | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> TimedStream:
+        self._thread.start()
+        return self
+
+    def stop_after(self, t_s: float, tail_tokens: int) -> None:
+        self._stop = (t_s, tail_tokens)
+
+    def close(self) -> None:
+        """Drop the connection now (the server aborts the request), even while it waits."""
+        self.cancelled = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def join(self, timeout_s: float) -> bool:
+        """True once the thread has ended."""
+        self._thread.join(max(0.0, timeout_s))
+        return not self._thread.is_alive()
+
+    @property
+    def ended(self) -> bool:
+        return not self._thread.is_alive()
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.sent_s is None or not self.times_s:
+            return None
+        return self.times_s[0] - self.sent_s
+
+    def _run(self) -> None:
+        conn = self._conn = _connection(self.url, self.timeout_s)
+        try:
+            self.sent_s = time.monotonic()
+            conn.request("POST", "/v1/completions", body=self.body.encode(),
+                         headers={"Content-Type": "application/json"})
+            self._read(conn.getresponse())
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if not self.cancelled:
+                self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+            self.first_token.set()  # wake a waiter even on failure
+
+    def _read(self, response: http.client.HTTPResponse) -> None:
+        if response.status != 200:
+            body = response.read().decode(errors="replace")[:300]
+            self.error = f"HTTP {response.status}: {body}"
+            return
+        while True:
+            line = response.readline()
+            now_s = time.monotonic()
+            if not line:
+                if self.cancelled:
+                    return
+                self.error = f"stream ended without [DONE] after {len(self.times_s)} tokens"
+                return
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                self.done = True
+                return
+            event = json.loads(data)
+            if "error" in event:
+                self.error = f"error event: {event['error']}"
+                return
+            if event["choices"][0].get("text"):
+                self.times_s.append(now_s)
+                self.first_token.set()
+                if self._should_stop():
+                    self.cancelled = True
+                    return
+
+    def _should_stop(self) -> bool:
+        if self._stop is None:
+            return False
+        t_s, tail = self._stop
+        return sum(1 for t in self.times_s[-tail:] if t > t_s) >= tail

@@ -1,0 +1,157 @@
+"""Text and JSON reports of admission runs, the matrix table, and the frontier plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchlib.admission import AdmissionResult
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses as dicts, NaN as None (strict JSON)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def format_run(r: AdmissionResult) -> str:
+    """One run as markdown tables."""
+    params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "defaults"
+    q, a = r.quiet_pooled, r.admission_pooled
+    lines = [f"policy {r.policy} ({params}); {r.streams} streams; prompt {r.prompt_tokens} "
+             f"tokens; chunk {r.chunk_tokens}; {r.slots} slots", "",
+             "| metric | value |", "|---|---|",
+             f"| TTFT admitted | {_num(r.ttft_s)} s |",
+             f"| TTFT alone (idle server) | {_num(r.ttft_alone_s)} s |",
+             f"| TTFT / TTFT alone | {_num(r.ttft_ratio)}x |",
+             f"| quiet ITL p50 / p95 (pooled) | {_num(q.p50_ms)} / {_num(q.p95_ms)} ms |",
+             f"| admission ITL p50 / p95 (pooled) | {_num(a.p50_ms)} / {_num(a.p95_ms)} ms |",
+             f"| admission p95 inflation | {_num(r.p95_inflation)}x |",
+             f"| first token before last stream token | "
+             f"{'yes' if r.first_token_before_last_stream_token else 'no'} |",
+             f"| quiet decode throughput | {_num(r.quiet_tokens_per_s, 0)} tokens/s |",
+             f"| prompt chunks (beside live streams) | {r.prompt_chunks} "
+             f"({r.prompt_chunks_while_streams_live}) |", "",
+             "| stream | quiet gaps | quiet p50 ms | quiet p95 ms | adm gaps | adm p50 ms "
+             "| adm p95 ms | adm max ms |", "|---|---|---|---|---|---|---|---|"]
+    for i, (qs, ad) in enumerate(zip(r.quiet, r.admission, strict=True)):
+        lines.append(f"| {i} | {qs.num_gaps} | {_num(qs.p50_ms)} | {_num(qs.p95_ms)} | "
+                     f"{ad.num_gaps} | {_num(ad.p50_ms)} | {_num(ad.p95_ms)} | "
+                     f"{_num(ad.max_ms)} |")
+    counters = ", ".join(f"{k.removeprefix('fairtick_')} {v:.0f}"
+                         for k, v in sorted(r.counters.items()))
+    rules = ", ".join(f"{k}: {v}" for k, v in sorted(r.grants_by_rule.items())) or "none"
+    lines += ["", f"counter deltas over the admission window: {counters}",
+              f"grants by rule: {rules}", *[f"note: {n}" for n in r.notes]]
+    return "\n".join(lines)
+
+
+# The issue's bar for the default policy, drawn on the plot.
+TARGET_INFLATION, TARGET_TTFT_RATIO = 3.0, 1.6
+
+# (header, value of one run) for each column of the matrix table
+COLUMNS: list[tuple[str, Callable[[AdmissionResult], float]]] = [
+    ("TTFT s", lambda r: r.ttft_s),
+    ("TTFT alone s", lambda r: r.ttft_alone_s),
+    ("TTFT / alone", lambda r: r.ttft_ratio),
+    ("quiet p95 ms", lambda r: r.quiet_pooled.p95_ms),
+    ("adm p50 ms", lambda r: r.admission_pooled.p50_ms),
+    ("adm p95 ms", lambda r: r.admission_pooled.p95_ms),
+    ("p95 inflation", lambda r: r.p95_inflation),
+    ("quiet tokens/s", lambda r: r.quiet_tokens_per_s),
+]
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the defined values; NaNs when none is."""
+    ok = [v for v in values if v is not None and not math.isnan(v)]
+    if not ok:
+        return math.nan, math.nan, math.nan
+    return statistics.median(ok), min(ok), max(ok)
+
+
+def _cell(values: Sequence[float]) -> str:
+    med, lo, hi = spread(values)
+    if math.isnan(med):
+        return "n/a"
+    digits = 0 if med >= 100 else 1 if med >= 10 else 2
+    return f"{med:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+@dataclasses.dataclass
+class ArmRuns:
+    """The runs of one arm: results of comparable runs, reasons of the others."""
+
+    label: str
+    policy: str
+    flags: list[str]
+    results: list[AdmissionResult] = dataclasses.field(default_factory=list)
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+
+def format_matrix(arms: Sequence[ArmRuns]) -> str:
+    """Medians [min, max] over each arm's comparable runs, one row per arm."""
+    head = ["arm", *[c for c, _ in COLUMNS], "first < last stream token", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in arms:
+        n = len(arm.results)
+        cells = [_cell([f(r) for r in arm.results]) for _, f in COLUMNS]
+        before = sum(r.first_token_before_last_stream_token for r in arm.results)
+        runs = f"{n} ok" + (f", {len(arm.refused)} NOT COMPARABLE" if arm.refused else "")
+        lines.append("| " + " | ".join([arm.label, *cells, f"{before}/{n}", runs]) + " |")
+    refusals = [f"- {a.label}: {a.refused.count(why)}x NOT COMPARABLE: {why}"
+                for a in arms for why in dict.fromkeys(a.refused)]
+    return "\n".join(lines + ([""] + refusals if refusals else []))
+
+
+def plot_frontier(arms: Sequence[ArmRuns], path: Path, title: str) -> None:
+    """TTFT / TTFT alone against admission p95 inflation, one point (median, with [min, max]
+    bars) per arm with comparable runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 6), dpi=100)
+    for arm in arms:
+        xs = spread([r.p95_inflation for r in arm.results])
+        ys = spread([r.ttft_ratio for r in arm.results])
+        if math.isnan(xs[0]) or math.isnan(ys[0]):
+            continue
+        ax.errorbar(xs[0], ys[0], xerr=[[xs[0] - xs[1]], [xs[2] - xs[0]]],
+                    yerr=[[ys[0] - ys[1]], [ys[2] - ys[0]]], fmt="o", capsize=3)
+        ax.annotate(arm.label, (xs[0], ys[0]), textcoords="offset points", xytext=(6, 6),
+                    fontsize=8)
+    ax.axvline(TARGET_INFLATION, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(TARGET_TTFT_RATIO, color="grey", linestyle="--", linewidth=1,
+               label=f"target: inflation <= {TARGET_INFLATION:g}x, TTFT <= "
+               f"{TARGET_TTFT_RATIO:g}x alone")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, minor ticks labelled on short ranges
+        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+    ax.set_xlabel("admission-window ITL p95 / quiet ITL p95 (lower is better)")
+    ax.set_ylabel("TTFT / TTFT alone (lower is better)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,183 @@
+"""A picture of a scheduler trace: one lane per sequence across ticks, coloured by lifecycle
+state, so a starvation (a long parked lane beside decoding ones) or its absence shows at a
+glance. Reads the JSON lines of /debug/trace or of `fairtick check` (whose counterexamples
+print them indented among other text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE_COLOURS = {
+    "waiting": "#bdbdbd",
+    "parked_prefill": "#e6550d",
+    "prefilling": "#3182bd",
+    "decoding": "#31a354",
+    "finished": "#252525",
+    "aborted": "#de2d26",
+}
+TERMINAL = ("finished", "aborted")
+# Triggers recorded after the tick's work: the new state begins with the next tick.
+AFTER_WORK = ("chunk_done", "finish")
+WIDTH_PX, DPI, MAX_LANES, LEGEND_PX = 1200, 100, 64, 30
+# A step line of a `fairtick check` counterexample: "  12. tick 9: decode (rule ...)".
+CHECK_STEP = re.compile(r"^\s*\d+\. tick (\d+):", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Span:
+    """`seq` was in `state` during ticks [start_tick, end_tick)."""
+
+    seq: int
+    state: str
+    start_tick: int
+    end_tick: int
+
+
+def parse_trace_lines(text: str) -> list[list[dict[str, Any]]]:
+    """The traces in `text`: runs of JSON-object lines with a tick and a seq; a new trace
+    starts where the tick goes back (several counterexamples in one `fairtick check` output)."""
+    traces: list[list[dict[str, Any]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(event, dict) or not {"tick", "seq", "to"} <= set(event):
+            continue
+        if not traces or event["tick"] < traces[-1][-1]["tick"]:
+            traces.append([])
+        traces[-1].append(event)
+    return traces
+
+
+def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None) -> list[Span]:
+    """The state spans of every sequence; a live one's last span runs to `end_tick` (default:
+    one past the last event), a terminal state is one tick wide."""
+    by_seq: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        by_seq.setdefault(int(e["seq"]), []).append(e)
+    starts = {seq: [e["tick"] + (e["trigger"] in AFTER_WORK) for e in evs]
+              for seq, evs in by_seq.items()}
+    last = max((t for ts in starts.values() for t in ts), default=0) + 1
+    end = max(last, end_tick or 0)
+    spans = []
+    for seq, evs in sorted(by_seq.items()):
+        ticks = starts[seq]
+        for i, e in enumerate(evs):
+            stop = ticks[i + 1] if i + 1 < len(evs) else end
+            if e["to"] in TERMINAL:
+                stop = ticks[i] + 1
+            if stop > ticks[i]:
+                spans.append(Span(seq, e["to"], ticks[i], stop))
+    return spans
+
+
+def figure_size_px(num_lanes: int) -> tuple[int, int]:
+    """(width, height) of the picture for this many lanes."""
+    lanes = min(max(num_lanes, 1), MAX_LANES)
+    return WIDTH_PX, min(200 + 28 * lanes, 2000)
+
+
+def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None = None,
+               end_tick: int | None = None) -> tuple[int, int]:
+    """Draw `events` to a PNG at `path`; returns its (width, height) in pixels. With more than
+    MAX_LANES sequences, the most recent ones are drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    spans = lane_spans(events, end_tick)
+    seqs = sorted({s.seq for s in spans})
+    shown = seqs[-MAX_LANES:]
+    lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
+    width, height = figure_size_px(len(shown))
+    fig, ax = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
+    for state, colour in STATE_COLOURS.items():
+        for seq in shown:
+            bars = [(s.start_tick, s.end_tick - s.start_tick) for s in spans
+                    if s.seq == seq and s.state == state]
+            if bars:
+                ax.broken_barh(bars, (lane_of[seq] - 0.4, 0.8), facecolors=colour)
+    ax.set_yticks(range(len(shown)), [f"seq {seq}" for seq in reversed(shown)],
+                  fontsize=8 if len(shown) < 30 else 6)
+    ax.set_ylim(-0.6, len(shown) - 0.4)
+    ax.set_xlabel("tick")
+    ticks = [t for s in spans for t in (s.start_tick, s.end_tick)]
+    ax.set_xlim(min(ticks, default=0), max(ticks, default=1))
+    hidden = f" ({len(seqs) - len(shown)} older sequences not shown)" if len(seqs) > MAX_LANES \
+        else ""
+    ax.set_title((title or f"fairtick trace: {len(seqs)} sequences") + hidden, fontsize=10)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.legend(handles=[Patch(facecolor=c, label=s) for s, c in STATE_COLOURS.items()],
+               loc="lower center", ncol=len(STATE_COLOURS), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, LEGEND_PX / height, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return width, height
+
+
+def read_trace_file(path: str, since: int = 0, limit: int | None = None) -> str | None:
+    """The first trace in a file as JSON lines, from tick `since`, at most `limit` events;
+    None (after saying why) if the file cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        print(f"fairtick trace: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    traces = parse_trace_lines(text)
+    if len(traces) > 1:
+        print(f"fairtick trace: {len(traces)} traces in {path}; using the first",
+              file=sys.stderr)
+    events = [e for e in (traces[0] if traces else []) if e["tick"] >= since][:limit]
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def trace_end_tick(file: str | None, url: str) -> int | None:
+    """Where live lanes end: one past the last tick of a `fairtick check` counterexample in
+    `file` (its JSON lines stop at the last transition), else the server's tick now."""
+    if file is not None:
+        try:
+            ticks = [int(t) for t in CHECK_STEP.findall(Path(file).read_text(errors="replace"))]
+        except OSError:
+            return None
+        return max(ticks) + 1 if ticks else None
+    return current_tick(url)
+
+
+def current_tick(url: str) -> int | None:
+    """The server's tick now, or None if it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/debug/state", timeout=10) as response:
+            return int(json.loads(response.read())["tick"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def write_trace_png(text: str, png: str, source: str, end_tick: int | None = None) -> int:
+    """`fairtick trace --png`: draw the first trace in `text`; the exit status."""
+    traces = parse_trace_lines(text)
+    if not traces:
+        print(f"fairtick trace: no trace events in {source}", file=sys.stderr)
+        return 1
+    events = traces[0]
+    last = max(end_tick or 0, max(e["tick"] for e in events))
+    title = f"fairtick trace of {source}: {len({e['seq'] for e in events})} sequences, " \
+        f"ticks {events[0]['tick']}..{last}"
+    width, height = render_png(events, png, title, end_tick)
+    print(f"wrote {png} ({width}x{height}, {len(events)} events)")
+    return 0

@@ -1,0 +1,53 @@
+"""scripts/bench_mixed_step_admission.py against a real server on a small layout."""
+
+from __future__ import annotations
+
+import json
+
+from tests.scripts.conftest import SMALL, run_script
+
+SCRIPT = "bench_mixed_step_admission.py"
+
+
+def test_small_run_prints_the_table(mixed_server):
+    done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "policy mixed_step" in out
+    for row in ("| TTFT admitted |", "| TTFT / TTFT alone |", "| admission p95 inflation |",
+                "| first token before last stream token | yes |"):
+        assert row in out, out
+
+
+def test_json_reports_counters_that_fit_the_policy(mixed_server):
+    done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL, "--streams", "2", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["comparable"] and report["policy"] == "mixed_step"
+    assert report["prompt_chunks"] == report["prompt_chunks_while_streams_live"] == 13
+    assert report["counters"]["fairtick_mixed_steps_total"] >= 1
+    assert report["ttft_s"] > 0 and report["ttft_alone_s"] > 0
+    assert len(report["quiet"]) == len(report["admission"]) == 2
+    assert all(s["num_gaps"] >= 1 for s in report["admission"])
+    assert report["p95_inflation"] > 0
+
+
+def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
+    short = [*SMALL, "--stream-tokens", "20"]  # 20 tokens end long before half a second
+    done = run_script(SCRIPT, "--url", mixed_server.url, *short)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith("NOT COMPARABLE: "), done.stdout
+    assert "straddle" in done.stdout and "--stream-tokens" in done.stdout
+
+
+def test_refuses_when_no_slot_is_left_for_the_prompt(mixed_server):
+    done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL, "--streams", "5", "--json")
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {
+        "comparable": False,
+        "reason": "the server has 5 slots: 5 streams and the prompt need 6 (--parallel)"}
+
+
+def test_unreachable_server_is_an_error_not_a_verdict():
+    done = run_script(SCRIPT, "--url", "http://127.0.0.1:9", *SMALL)
+    assert done.returncode == 1 and "cannot reach" in done.stderr

@@ -1,0 +1,17 @@
+"""scripts/bench_admission_matrix.py: starts its own server per arm, writes table and plot."""
+
+from __future__ import annotations
+
+from tests.scripts.conftest import SMALL, png_size, run_script
+
+
+def test_one_arm_one_run_writes_table_json_and_plot(tmp_path):
+    done = run_script("bench_admission_matrix.py", *SMALL, "--chunk", "16", "--repeats", "1",
+                      "--streams", "2", "--arm", "mix=mixed_step", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = (tmp_path / "admission.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| mix |"))
+    assert row.endswith("| 1/1 | 1 ok |"), row
+    assert "| arm | TTFT s |" in done.stdout
+    assert png_size(tmp_path / "admission.png") == (800, 600)
+    assert (tmp_path / "serve-mix.log").exists() and (tmp_path / "admission.json").exists()
