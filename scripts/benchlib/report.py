@@ -126,7 +126,7 @@ def plot_frontier(arms: Sequence[ArmRuns], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(8, 6), dpi=100)
     for arm in arms:
@@ -145,9 +145,10 @@ def plot_frontier(arms: Sequence[ArmRuns], path: Path, title: str) -> None:
     ax.legend(loc="upper right", fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, minor ticks labelled on short ranges
-        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        axis.set_major_formatter(plain)  # minor ticks labelled only on short ranges
+        axis.set_minor_formatter(plain if math.log10(hi / lo) < 1.5 else NullFormatter())
     ax.set_xlabel("admission-window ITL p95 / quiet ITL p95 (lower is better)")
     ax.set_ylabel("TTFT / TTFT alone (lower is better)")
     ax.set_title(title, fontsize=10)
