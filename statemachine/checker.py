@@ -236,7 +236,7 @@ class Checker:
             violations.append(Violation("lifecycle", str(exc), s.seq_id))
         rest = world.seqs[:i] + world.seqs[i + 1:]
         if not stable:
-            rest = world.seqs[:i] + tuple(r._replace(seq_id=r.seq_id - 1) for r in rest[i:])
+            rest = rest[:i] + tuple(SeqRec(r[0] - 1, *r[1:]) for r in rest[i:])
         after = world._replace(seqs=rest)
         if after.dwait and not any(r.phase == "decoding" for r in rest):
             after = after._replace(dwait=0)
@@ -254,13 +254,14 @@ class Checker:
                 violations.append(Violation("lifecycle", str(exc), s.seq_id))
                 return s
             events.append((s.seq_id, s.phase, dest, trigger, rule))
-            return s._replace(phase=dest)
+            return SeqRec(s[0], dest, *s[2:])
 
         seqs = list(world.seqs)
         holding = sum(s.phase in self.lifecycle.slot_states for s in seqs)
         for i, s in enumerate(seqs):
             if s.phase == "waiting" and holding < self.slots:
-                seqs[i] = fire(s, "admit", "admit")._replace(wait=0, age=0, overtaken=0)
+                s = fire(s, "admit", "admit")
+                seqs[i] = SeqRec(s[0], s[1], s[2], s[3])  # counters start at 0
                 holding += 1
         state = self._tick_state(seqs, world)
         decision = decide_tick(state, self.policy)
@@ -269,13 +270,11 @@ class Checker:
         completed = []
         for i, s in enumerate(seqs):
             if s.seq_id in parked:
-                wait, age, over = parked_after_tick(parked[s.seq_id], decision)
-                s = s._replace(wait=wait, age=age, overtaken=over)
+                s = SeqRec(s[0], s[1], s[2], s[3], *parked_after_tick(parked[s.seq_id], decision))
             if s.seq_id in decision.granted and s.phase == "parked_prefill":
                 s = fire(s, "grant", decision.rule)
-                s = s._replace(prefill_left=s.prefill_left - min(decision.chunk_tokens,
-                                                                 s.prefill_left))
-                s = fire(s, "chunk_done", decision.rule)
+                left = s.prefill_left - min(decision.chunk_tokens, s.prefill_left)
+                s = fire(SeqRec(s[0], s[1], left, *s[3:]), "chunk_done", decision.rule)
                 if s.phase == "decoding":
                     completed.append((s.seq_id, s.age, s.num_chunks))
             seqs[i] = s

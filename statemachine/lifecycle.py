@@ -56,7 +56,10 @@ class Lifecycle:
 
     def next_state(self, source: str, trigger: str, seq: Any) -> str:
         """The state `trigger` takes `seq` to from `source`; ValueError if no edge allows it."""
-        for edge in self._by_key.get((source, trigger), ()):
+        edges = self._by_key.get((source, trigger), ())
+        if len(edges) == 1 and not edges[0].conditions and not edges[0].unless:
+            return edges[0].dest  # the common case: one unguarded edge
+        for edge in edges:
             if edge.allows(seq):
                 return edge.dest
         raise ValueError(f"illegal transition: {trigger!r} from {source!r} is not in {self.file}")
