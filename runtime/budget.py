@@ -63,9 +63,13 @@ class CostModel:
         if len(data) < 4 or np.ptp(t) == 0 and np.ptp(c) == 0:
             self._coef = (0.0, float(np.mean(s / t)), 0.0)  # too little spread: per token only
             return
-        features = np.stack([np.ones_like(t), t, t * c], axis=1)
-        coef, *_ = np.linalg.lstsq(features, s, rcond=None)
-        o, a, b = (max(0.0, float(x)) for x in coef)
+        # The fixed cost per forward can only be told apart from the per-token cost when the
+        # slices differ in size (whole chunks alone make `1` and `t` collinear).
+        with_fixed = t.max() >= 2 * t.min()
+        columns = [np.ones_like(t)] if with_fixed else []
+        features = np.stack([*columns, t, t * c], axis=1)
+        coef = [max(0.0, float(x)) for x in np.linalg.lstsq(features, s, rcond=None)[0]]
+        o, a, b = coef if with_fixed else (0.0, *coef)
         if a == 0.0 and b == 0.0:  # a degenerate fit: fall back to the mean per-token cost
             o, a = 0.0, float(np.mean(s / t))
         self._coef = (o, a, b)

@@ -73,6 +73,8 @@ COLUMNS: list[tuple[str, Callable[[AdmissionResult], float]]] = [
     ("adm p50 ms", lambda r: r.admission_pooled.p50_ms),
     ("adm p95 ms", lambda r: r.admission_pooled.p95_ms),
     ("p95 inflation", lambda r: r.p95_inflation),
+    ("adm p99 ms", lambda r: r.admission_pooled.p99_ms),
+    ("adm max ms", lambda r: r.admission_pooled.max_ms),
     ("quiet tokens/s", lambda r: r.quiet_tokens_per_s),
 ]
 

@@ -58,11 +58,12 @@ class GapStats:
     p50_ms: float
     p95_ms: float
     max_ms: float
+    p99_ms: float = math.nan
 
     @classmethod
     def of(cls, gaps_s: Sequence[float]) -> GapStats:
         return cls(len(gaps_s), 1e3 * percentile(gaps_s, 50), 1e3 * percentile(gaps_s, 95),
-                   1e3 * max(gaps_s) if gaps_s else math.nan)
+                   1e3 * max(gaps_s) if gaps_s else math.nan, 1e3 * percentile(gaps_s, 99))
 
 
 def ratio(num: float, den: float) -> float:

@@ -30,3 +30,13 @@ def test_decode_cost_is_a_moving_average_per_batch_size():
     model.observe_decode(4, 0.009)
     assert 0.004 < model.decode_s(4) < 0.009
     assert model.decode_s(3) == model.decode_s(4)  # the nearest measured size stands in
+
+
+def test_whole_chunks_alone_do_not_fake_a_fixed_cost():
+    # Only 512-token chunks at growing context: no way to separate a per-forward cost, so the
+    # model must not invent one and then promise huge slices.
+    model = CostModel()
+    for context in range(0, 5120, 512):
+        model.observe_prefill(512, context, 512 * (0.0006 + 6e-7 * context))
+    assert model.prefill_tokens_within(0.010, context=2000, most=512) == int(
+        0.010 / (0.0006 + 6e-7 * 2000))
