@@ -210,7 +210,8 @@ class Engine:
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
     def _budget_tokens(self, state: TickState) -> int:
-        # Prefill tokens that fit this tick's target next to the decode step (0: not known yet).
+        # Prefill tokens that fit this tick's target next to the decode step (0: none, or
+        # nothing measured yet; the policy's min slice then applies).
         chunk = self.config.prefill_chunk_size
         if not state.num_decoding or not state.parked:
             return chunk

@@ -293,7 +293,7 @@ class Checker:
                                      s.overtaken) for s in seqs if s.phase == "parked_prefill")
         num_decoding = sum(s.phase == "decoding" for s in seqs)
         return TickState(self.slots, sum(s.phase == "waiting" for s in seqs), num_decoding,
-                         parked, world.dwait if num_decoding else 0, 1, 0,
+                         parked, world.dwait if num_decoding else 0, 1, None,
                          PolicyMemory(world.streak))
 
     # -- counterexamples ------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class Scheduler:
                                        parked_ttft=self.policy.spec.tick_budget_ms is None))
 
     # -- derived views ---------------------------------------------------------------------
-    def tick_state(self, budget_tokens: int = 0) -> TickState:
+    def tick_state(self, budget_tokens: int | None = None) -> TickState:
         """The flattened snapshot a policy decides on."""
         parked, num_waiting, num_decoding = [], 0, 0
         for s in self._live.values():

@@ -45,7 +45,7 @@ class TickState:
     parked: tuple[ParkedPrefill, ...] = ()
     decode_wait_ticks: int = 0  # ticks the decoding sequences have gone without a step
     chunk_size: int = 1
-    budget_tokens: int = 0  # prefill tokens that fit this tick's latency target (0: unknown)
+    budget_tokens: int | None = None  # prefill tokens that fit this tick's latency target
     memory: PolicyMemory = field(default_factory=PolicyMemory)
 
     @property
@@ -65,7 +65,8 @@ class TickState:
             "decode_wait_ticks": self.decode_wait_ticks,
             "max_wait_ticks": max((p.wait_ticks for p in self.parked), default=0),
             "chunk_size": self.chunk_size,
-            "budget_tokens": self.budget_tokens or self.chunk_size,
+            "budget_tokens": self.chunk_size if self.budget_tokens is None
+            else self.budget_tokens,
         }
 
 
