@@ -2,11 +2,14 @@
 
 Resources live on `app.ctx`: `config`, `engine`, `limits` (model name, context, vocabulary),
 `encoder` (prompt and chat tokenization), `draining` (set when shutdown begins, new generation
-requests get 503), `started_at`. Every error leaves as OpenAI-style JSON (server.errors).
+requests get 503), `started_at`. Shutdown (SIGTERM, Ctrl-C) is graceful: in-flight requests
+finish within `config.stop_grace_s`, the rest are aborted with a 503 error, and the process
+exits 0. Every error leaves as OpenAI-style JSON (server.errors).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -26,6 +29,7 @@ from server.validation import ModelLimits
 
 log = logging.getLogger("fairtick.server")
 _app_numbers = itertools.count(1)
+SHUTDOWN_FLUSH_S = 2.0
 
 
 def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
@@ -38,6 +42,8 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.RESPONSE_TIMEOUT = config.response_timeout_s
     app.config.FALLBACK_ERROR_FORMAT = "json"
+    # After the engine has stopped (see _begin_draining) handlers only flush their last events.
+    app.config.GRACEFUL_SHUTDOWN_TIMEOUT = SHUTDOWN_FLUSH_S
     # TouchUp rewrites Sanic's own classes once per process; a second app would fail to start.
     app.config.TOUCHUP = False
     app.ctx.config = config
@@ -58,7 +64,6 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
 def make_engine(config: ServerConfig) -> Any:
     """Load the model and build the engine (imports MLX; slow for a real model)."""
     from runtime.engine import Engine, EngineConfig
-
     from runtime.model import load_model
 
     engine_config = config.engine or EngineConfig()
@@ -84,12 +89,18 @@ async def _start_engine(app: Sanic) -> None:
 
 
 async def _begin_draining(app: Sanic) -> None:
+    # Runs while the server still serves its connections: new generation requests get 503, the
+    # in-flight ones may finish for the grace period, then the engine stops and ends the rest
+    # with "abort", which their handlers still send (a 503 error, in-band for a stream).
     app.ctx.draining = True
+    if app.ctx.engine is not None:
+        await asyncio.get_running_loop().run_in_executor(
+            None, app.ctx.engine.stop, app.ctx.config.stop_grace_s)
 
 
 async def _stop_engine(app: Sanic) -> None:
     if app.ctx.engine is not None:
-        app.ctx.engine.stop(grace_s=app.ctx.config.stop_grace_s)
+        app.ctx.engine.stop(grace_s=0)
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

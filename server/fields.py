@@ -54,7 +54,9 @@ def get_float(body: dict[str, Any], name: str, low: float, high: float) -> float
     value = body.get(name)
     if value is None:
         return None
-    if not is_number(value) or not math.isfinite(value) or not low <= value <= high:
+    # An integer literal too large for a float would overflow `math.isfinite`: compare it as is.
+    if not is_number(value) or (isinstance(value, float) and not math.isfinite(value)) \
+            or not low <= value <= high:
         raise invalid(f"`{name}` must be a number from {low} to {high}, got {show(value)}", name)
     return float(value)
 
@@ -78,3 +80,25 @@ def require_unsupported_default(body: dict[str, Any], name: str, allowed: tuple[
     accepted = "".join(f"{show(ok)} or " for ok in allowed) + "null"
     raise invalid(f"`{name}` is not supported by this server; send {accepted}", name,
                   code="unsupported_parameter")
+
+
+def check_logit_bias(body: dict[str, Any], vocab_size: int, max_bias: float = 100.0) -> None:
+    """OpenAI's shape (token id strings -> a bias in [-100, 100]), ids inside the vocabulary;
+    then a non-empty map is refused: this server's sampling applies no biases."""
+    value = body.get("logit_bias")
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise invalid(f"`logit_bias` must be an object mapping token ids to biases, got "
+                      f"{show(value)}", "logit_bias")
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < vocab_size):
+            raise invalid(f"`logit_bias` key {show(key)} is not a token id inside the vocabulary "
+                          f"[0, {vocab_size})", "logit_bias")
+        if not is_number(bias) or (isinstance(bias, float) and not math.isfinite(bias)) \
+                or not -max_bias <= bias <= max_bias:
+            raise invalid(f"`logit_bias` values must be numbers from {-max_bias:g} to "
+                          f"{max_bias:g}, got {show(bias)} for token {key}", "logit_bias")
+    if value:
+        raise invalid("`logit_bias` is not supported by this server; send {} or null",
+                      "logit_bias", code="unsupported_parameter")

@@ -83,7 +83,7 @@ def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
             raise engine_unavailable(last.error or "stopped")
         raise ApiError(500, f"Generation failed: {last.error}", code="generation_error")
     if last.finish_reason == "abort":
-        raise engine_unavailable("the request was aborted by the server")
+        raise engine_unavailable(last.error or "the request was aborted by the server")
 
 
 async def _relay_sse(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as jsonlib
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sanic import Blueprint, Request
@@ -48,9 +49,29 @@ async def debug_trace(request: Request) -> HTTPResponse:
 
 
 async def debug_state(request: Request) -> HTTPResponse:
-    """The policy, its parameters and each live sequence with its state."""
-    body = jsonlib.dumps(request.app.ctx.engine.snapshot(), default=str)
-    return raw(body.encode(), content_type="application/json")
+    """The policy, its parameters and each live sequence with its state; what admission control
+    holds (queued requests, reserved KV tokens) and the memory the engine holds, so an operator
+    (or a test) can see both return to their baseline when the server is idle."""
+    engine = request.app.ctx.engine
+    state = {**engine.snapshot(), "admission": admission_state(engine),
+             "memory": memory_state(engine)}
+    return raw(jsonlib.dumps(state, default=str).encode(), content_type="application/json")
+
+
+def admission_state(engine: Any) -> dict[str, int | None]:
+    admission = engine.admission
+    return {"queued": admission.num_queued, "max_waiting": admission.max_waiting,
+            "kv_tokens_reserved": admission.kv_tokens, "max_kv_tokens": admission.max_kv_tokens}
+
+
+def memory_state(engine: Any) -> dict[str, int]:
+    """Sequences holding KV caches, and MLX's allocator: bytes in live arrays (weights and
+    caches) and bytes kept for reuse."""
+    import mlx.core as mx
+
+    return {"cached_sequences": engine.executor.num_sequences,
+            "mlx_active_bytes": int(mx.get_active_memory()),
+            "mlx_cache_bytes": int(mx.get_cache_memory())}
 
 
 def _query_int(request: Request, name: str, default: int | None, minimum: int) -> int | None:

@@ -52,15 +52,26 @@ class EventStream:
     async def events(self) -> AsyncIterator[TokenEvent]:
         """Yield events until the finishing one; a dead engine ends the stream with an error."""
         while not self.finished:
-            try:
-                event = await asyncio.wait_for(self._queue.get(), ENGINE_POLL_S)
-            except asyncio.TimeoutError:
-                if self.engine.alive:
-                    continue
-                event = TokenEvent(self.request.request_id, None, "", finish_reason="error",
-                                   error="the engine thread has stopped")
+            event = await self._next_event()
             self.finished = event.finish_reason is not None
             yield event
+
+    async def _next_event(self) -> TokenEvent:
+        # Not asyncio.wait_for: before Python 3.12 it swallows a cancellation (the client went
+        # away) that arrives as the queue yields an event, and the handler would then run the
+        # whole generation for nobody. asyncio.wait lets the cancellation through.
+        while self._queue.empty():
+            getter = asyncio.ensure_future(self._queue.get())
+            try:
+                await asyncio.wait({getter}, timeout=ENGINE_POLL_S)
+            finally:
+                getter.cancel()
+            if getter.done() and not getter.cancelled():
+                return getter.result()
+            if not self.engine.alive:
+                return TokenEvent(self.request.request_id, None, "", finish_reason="error",
+                                  error="the engine thread has stopped")
+        return self._queue.get_nowait()
 
     def close(self) -> None:
         """Abort the sequence if it has not finished (client gone, or the handler failed)."""

@@ -16,7 +16,14 @@ from typing import Any, Literal, Protocol
 
 from runtime.sampling import SamplingParams
 from server.errors import ApiError, invalid
-from server.fields import get_bool, get_float, get_int, get_str, require_unsupported_default
+from server.fields import (
+    check_logit_bias,
+    get_bool,
+    get_float,
+    get_int,
+    get_str,
+    require_unsupported_default,
+)
 from server.prompts import read_messages, read_prompt
 
 Kind = Literal["completion", "chat"]
@@ -134,7 +141,7 @@ def validate_request(
             raise invalid(f"Unrecognized request argument supplied: {name}", name,
                           code="unknown_parameter")
     _check_model(body, limits)
-    _check_unsupported(kind, body)
+    _check_unsupported(kind, body, limits)
     stream, include_usage = _read_stream(body)
     fields = _read_sampling_fields(kind, body, limits)
     prompt_param = "prompt" if kind == "completion" else "messages"
@@ -169,9 +176,9 @@ def _check_model(body: dict[str, Any], limits: ModelLimits) -> None:
                        f"`{limits.name}`", param="model", code="model_not_found")
 
 
-def _check_unsupported(kind: Kind, body: dict[str, Any]) -> None:
+def _check_unsupported(kind: Kind, body: dict[str, Any], limits: ModelLimits) -> None:
     require_unsupported_default(body, "n", (1,))
-    require_unsupported_default(body, "logit_bias", ({},))
+    check_logit_bias(body, limits.vocab_size)
     require_unsupported_default(body, "presence_penalty", (0, 0.0))
     require_unsupported_default(body, "frequency_penalty", (0, 0.0))
     get_str(body, "user")

@@ -8,13 +8,11 @@ import sys
 
 import pytest
 
-from server.app import create_app
 from server.cli import main
-from server.config import ServerConfig
 from server.policy_flags import flag_dest, resolve_policy_params
 from statemachine.spec import load_policy
-from tests.server.fakes import FakeEngine, ThreadedServer
 from tests.server.http_helpers import post
+from tests.server.serving import serve
 
 
 def test_top_level_help_lists_every_command(capsys):
@@ -103,11 +101,10 @@ def test_check_imports_neither_mlx_nor_sanic():
 
 
 @pytest.fixture(scope="module")
-def traced_url():
-    engine = FakeEngine()
-    with ThreadedServer(create_app(ServerConfig(), engine=engine)) as server:
-        post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-        yield server.url
+def traced_url(bundle):
+    with serve(bundle) as served:
+        post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        yield served.url
 
 
 def test_trace_prints_a_table(traced_url, capsys):

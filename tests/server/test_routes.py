@@ -1,4 +1,10 @@
-"""The HTTP surface over a scripted engine: shapes, error mapping, disconnects, health."""
+"""The HTTP surface over the real engine and the built-in model: shapes, error mapping, admission
+control, fault isolation, engine death, disconnects, health.
+
+Rare conditions are produced for real: one slot held by a long stream (a full queue, a queued
+request), a small KV budget, a fault injected into one request's prefill or decode, a scheduler
+fault that kills the engine thread.
+"""
 
 from __future__ import annotations
 
@@ -8,183 +14,277 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server import streams
-from server.app import create_app
-from server.config import ServerConfig
-from tests.server.fakes import FakeEngine, ThreadedServer
-from tests.server.http_helpers import OpenStream, get, post
+from tests.server.http_helpers import OpenStream, get, post, request
+from tests.server.serving import POISON, poison_prompts, serve
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+LONG = 20_000  # max_tokens of a stream that a test cuts off long before it ends
 
 
 @pytest.fixture(scope="module")
-def served():
-    engine = FakeEngine()
-    app = create_app(ServerConfig(max_body_bytes=4096), engine=engine)
-    with ThreadedServer(app) as server:
-        yield server, engine
-    assert not engine.alive, "the app must stop its engine after the server stops"
+def one_slot(bundle):
+    """One slot, a queue of one: a long stream makes the next request wait, the one after 429."""
+    with serve(bundle, parallel=1, max_waiting=1) as served:
+        yield served
 
 
 @pytest.fixture
-def url(served):
-    server, engine = served
-    engine.mode, engine.alive = "ok", True
-    return server.url
+def served(one_slot):
+    one_slot.wait_idle()
+    yield one_slot
+    one_slot.wait_idle()
 
 
 @pytest.fixture
-def engine(served):
-    return served[1]
+def two_slots(bundle):
+    with serve(bundle, parallel=2, max_waiting=2) as served:
+        yield served
 
 
-def test_completion_body(url):
-    reply = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+def hold(served, prompt: str = "hold") -> OpenStream:
+    """A stream that has its first token: it holds a slot (decoding) until dropped."""
+    stream = OpenStream(served.url, "/v1/completions",
+                        {"prompt": prompt, "max_tokens": LONG, "stream": True})
+    stream.read_event()
+    return stream
+
+
+def rest(stream: OpenStream, limit: int = 10_000) -> list[str]:
+    """The stream's remaining `data:` payloads up to and including [DONE]."""
+    events = []
+    while len(events) < limit:
+        events.append(stream.read_event())
+        if events[-1] == "[DONE]":
+            return events
+    raise AssertionError(f"no [DONE] in {limit} events")
+
+
+def sse_text(events: list[str]) -> str:
+    return "".join(json.loads(e)["choices"][0]["text"] for e in events
+                   if e.startswith("{") and json.loads(e).get("choices"))
+
+
+def seq_of(served, request_id: str) -> int:
+    return next(s["seq"] for s in served.state()["sequences"] if s["request_id"] == request_id)
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+def test_completion_body(served, bundle):
+    reply = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
     assert reply.status == 200, reply.body
     body = reply.json()
-    assert body["object"] == "text_completion" and body["model"] == "fake-model"
-    assert body["choices"] == [{"index": 0, "text": "aaaa", "logprobs": None,
-                                "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    assert body["object"] == "text_completion" and body["model"] == bundle.name
+    [choice] = body["choices"]
+    assert (choice["index"], choice["logprobs"], choice["finish_reason"]) == (0, None, "length")
+    # The built-in model emits one printable character per token and never EOS.
+    assert len(choice["text"]) == 4 and choice["text"].isprintable()
+    num_prompt = len(bundle.tokenizer.encode("hi"))
+    assert body["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": 4,
+                             "total_tokens": num_prompt + 4}
+    again = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 4}).json()
+    assert again["choices"][0]["text"] == choice["text"], "greedy output is reproducible"
 
 
-def test_chat_stream_with_usage(url):
+def test_chat_stream_with_usage(served):
+    whole = post(served.url, "/v1/chat/completions", CHAT).json()
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
-    reply = post(url, "/v1/chat/completions", body)
+    reply = post(served.url, "/v1/chat/completions", body)
     assert reply.status == 200 and reply.headers["content-type"].startswith("text/event-stream")
     data = reply.sse_data()
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    assert text == "aaa"
+    assert text == whole["choices"][0]["message"]["content"] and len(text) == 3
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
 
 
-def test_models(url):
-    data = get(url, "/v1/models").json()["data"]
-    assert [m["id"] for m in data] == ["fake-model"]
+def test_models(served, bundle):
+    [card] = get(served.url, "/v1/models").json()["data"]
+    assert card["id"] == bundle.name and card["max_model_len"] == bundle.context_length
 
 
-def test_a_bad_request_never_reaches_the_engine(url, engine):
-    before = len(engine.submitted)
-    reply = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": "many"})
+def test_a_bad_request_never_reaches_the_engine(served):
+    before = len(served.trace())
+    reply = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": "many"})
     assert reply.status == 400 and reply.error()["param"] == "max_tokens"
-    assert len(engine.submitted) == before
-    assert post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status == 200
+    assert len(served.trace()) == before, "no sequence was admitted"
+    assert post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status == 200
 
 
-def test_engine_full_is_429_with_retry_after(url, engine):
-    engine.mode = "full"
-    reply = post(url, "/v1/completions", {"prompt": "hi"})
-    assert reply.status == 429 and reply.headers["retry-after"] == "3"
+# --- admission control -------------------------------------------------------------------------
+
+def test_a_full_queue_is_429_with_retry_after_at_once(served):
+    holder = hold(served)
+    queued = OpenStream(served.url, "/v1/completions",
+                        {"prompt": "queued", "max_tokens": 3, "stream": True})
+    assert queued.response.status == 200, "a queued stream gets its headers at once"
+    served.wait_for(lambda s: s["admission"]["queued"] == 1)
+    started = time.monotonic()
+    reply = post(served.url, "/v1/completions", {"prompt": "one too many"})
+    assert time.monotonic() - started < 2.0, "a refusal is answered at once"
+    assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
     error = reply.error()
-    assert error["type"] == "rate_limit_error" and "queue is full" in error["message"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "server_busy"
+    assert "--max-waiting 1" in error["message"]
+    holder.drop()
+    events = rest(queued)
+    assert len(sse_text(events)) == 3, "the queued request runs once the slot is free"
 
 
-def test_engine_dead_is_503(url, engine):
-    engine.mode = "dead"
-    reply = post(url, "/v1/chat/completions", CHAT)
-    assert reply.status == 503 and "not running" in reply.error()["message"]
+def test_a_full_kv_budget_is_429_and_a_request_over_the_whole_budget_is_400(bundle):
+    with serve(bundle, parallel=2, max_waiting=4, max_kv_tokens=LONG + 100) as served:
+        holder = hold(served)  # reserves its prompt plus LONG tokens
+        reply = post(served.url, "/v1/completions", {"prompt": "big", "max_tokens": 200})
+        assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
+        assert "--max-kv-tokens" in reply.error()["message"]
+        reply = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": LONG + 100})
+        assert reply.status == 400 and reply.error()["param"] == "prompt"
+        assert "whole budget" in reply.error()["message"]
+        small = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": 8})
+        assert small.status == 200, "what fits the rest of the budget still runs"
+        holder.drop()
+        served.wait_idle()
 
 
-def test_a_failed_generation_is_500(url, engine):
-    engine.mode = "error"
-    reply = post(url, "/v1/completions", {"prompt": "hi"})
+# --- fault isolation and engine death ----------------------------------------------------------
+
+def test_a_failed_prefill_is_500_and_other_requests_continue(two_slots, monkeypatch):
+    body = {"prompt": "healthy", "max_tokens": 40}
+    expected = post(two_slots.url, "/v1/completions", body).json()["choices"][0]["text"]
+    poison_prompts(two_slots.engine, monkeypatch, "prefill")
+    healthy = OpenStream(two_slots.url, "/v1/completions", {**body, "stream": True})
+    first = healthy.read_event()
+    reply = post(two_slots.url, "/v1/completions", {"prompt": POISON.decode(), "max_tokens": 4})
     assert reply.status == 500
-    assert reply.error()["code"] == "generation_error"
-    assert "sampling exploded" in reply.error()["message"]
+    error = reply.error()
+    assert error["code"] == "generation_error" and error["type"] == "server_error"
+    assert "injected fault in prefill" in error["message"]
+    assert sse_text([first, *rest(healthy)]) == expected, "the other stream is unaffected"
+    two_slots.wait_idle()
+    assert get(two_slots.url, "/health").json()["status"] == "ok"
 
 
-def test_a_failed_stream_reports_the_error_in_band(url, engine):
-    engine.mode = "error"
-    data = post(url, "/v1/completions", {"prompt": "hi", "stream": True}).sse_data()
+def test_a_failed_decode_ends_the_stream_with_an_in_band_error(two_slots, monkeypatch):
+    poison_prompts(two_slots.engine, monkeypatch, "decode")
+    reply = post(two_slots.url, "/v1/completions",
+                 {"prompt": POISON.decode(), "max_tokens": 8, "stream": True})
+    assert reply.status == 200
+    data = reply.sse_data()
     assert data[-1] == "[DONE]"
-    assert "sampling exploded" in json.loads(data[-2])["error"]["message"]
+    assert len(sse_text(data[:-2])) == 1, "the prefill's token arrives before the failure"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "generation_error" and "injected fault in decode" in error["message"]
+    two_slots.wait_idle()
+    assert post(two_slots.url, "/v1/completions", {"prompt": "next"}).status == 200
 
 
-def test_engine_death_while_waiting_is_503_not_a_hang(url, engine, monkeypatch):
-    monkeypatch.setattr(streams, "ENGINE_POLL_S", 0.05)
-    engine.mode = "hang"
-    stream = OpenStream(url, "/v1/completions", {"prompt": "hi", "stream": True})
-    stream.read_event()
-    engine.alive = False
-    assert "engine thread has stopped" in stream.read_event()
+def test_engine_death_ends_every_request_with_503_and_health_says_so(bundle, monkeypatch):
+    with serve(bundle, parallel=1, max_waiting=1) as served:
+        running = hold(served)
+        queued = OpenStream(served.url, "/v1/completions",
+                            {"prompt": "queued", "max_tokens": 3, "stream": True})
+        served.wait_for(lambda s: s["admission"]["queued"] == 1)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected scheduler fault")
+
+        # A scheduler failure is outside any one request's work: it kills the engine thread.
+        monkeypatch.setattr(served.engine.scheduler, "schedule", broken)
+        for stream in (running, queued):
+            events = rest(stream)
+            error = json.loads(events[-2])["error"]
+            assert error["code"] == "engine_unavailable"
+            assert "injected scheduler fault" in error["message"]
+        health = get(served.url, "/health")
+        assert health.status == 503 and health.json()["status"] == "unavailable"
+        reply = post(served.url, "/v1/chat/completions", CHAT)
+        assert reply.status == 503 and "not running" in reply.error()["message"]
+
+
+# --- disconnects -------------------------------------------------------------------------------
+
+def test_disconnect_mid_stream_aborts_the_sequence(served):
+    before = len(served.trace())
+    stream = hold(served)
+    seq = seq_of(served, stream.request_id)
     stream.drop()
+    served.wait_idle()
+    events = [e for e in served.trace(before) if e["seq"] == seq]
+    assert (events[-1]["trigger"], events[-1]["from"]) == ("abort", "decoding"), events[-3:]
 
 
-def test_disconnect_mid_stream_aborts(url, engine):
-    engine.mode = "hang"
-    stream = OpenStream(url, "/v1/completions", {"prompt": "hi", "stream": True})
-    assert json.loads(stream.read_event())["choices"][0]["text"] == "a"
-    stream.drop()
-    assert engine.wait_aborted(stream.request_id)
+def test_a_queued_stream_leaves_the_queue_when_dropped(served):
+    holder = hold(served)
+    queued = OpenStream(served.url, "/v1/completions",
+                        {"prompt": "queued", "max_tokens": 4, "stream": True})
+    assert queued.response.status == 200 and queued.request_id.startswith("cmpl-")
+    served.wait_for(lambda s: any(q["request_id"] == queued.request_id and q["state"] == "waiting"
+                                  for q in s["sequences"]))
+    queued.drop()
+    served.wait_for(lambda s: s["admission"]["queued"] == 0 and len(s["sequences"]) == 1)
+    holder.drop()
 
 
-def test_a_queued_stream_gets_its_headers_at_once_and_aborts_when_dropped(url, engine):
-    engine.mode = "queued"
-    stream = OpenStream(url, "/v1/completions", {"prompt": "hi", "stream": True})
-    assert stream.response.status == 200 and stream.request_id.startswith("cmpl-")
-    stream.drop()
-    assert engine.wait_aborted(stream.request_id)
+def test_disconnect_while_waiting_for_a_whole_body_aborts(served):
+    before = len(served.trace())
+    with pytest.raises(TimeoutError):
+        post(served.url, "/v1/completions", {"prompt": "whole", "max_tokens": LONG},
+             timeout_s=0.5)
+    served.wait_idle()
+    aborts = [e for e in served.trace(before) if e["trigger"] == "abort"]
+    assert len(aborts) == 1 and aborts[0]["from"] == "decoding", aborts
 
 
-def test_disconnect_while_waiting_for_a_whole_body_aborts(url, engine):
-    engine.mode = "hang"
-    before = len(engine.submitted)
-    stream = None
-    try:
-        post(url, "/v1/completions", {"prompt": "hi"}, timeout_s=0.5)
-    except TimeoutError:
-        stream = engine.submitted[before]
-    assert stream is not None
-    assert engine.wait_aborted(stream.request_id)
+def test_finished_requests_are_not_aborted(served):
+    before = len(served.trace())
+    assert post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status == 200
+    served.wait_idle()
+    triggers = [e["trigger"] for e in served.trace(before)]
+    assert triggers[-1] == "finish" and "abort" not in triggers, triggers
 
 
-def test_finished_requests_are_not_aborted(url, engine):
-    reply = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
-    time.sleep(0.05)
-    assert reply.json()["id"] not in engine.aborted
-
+# --- routing, limits and operator routes -------------------------------------------------------
 
 @pytest.mark.parametrize("method,path,status", [("GET", "/nope", 404),
                                                 ("GET", "/v1/completions", 405)])
-def test_routing_errors_are_openai_json(url, method, path, status):
-    from tests.server.http_helpers import request
-
-    reply = request(url, method, path)
+def test_routing_errors_are_openai_json(served, method, path, status):
+    reply = request(served.url, method, path)
     assert reply.status == status and reply.error()["message"]
 
 
-def test_body_over_the_server_limit_is_413_json(url):
-    reply = post(url, "/v1/completions", raw=b'{"prompt": "' + b"x" * 8000 + b'"}')
+def test_body_over_the_server_limit_is_413_json(served):
+    reply = post(served.url, "/v1/completions", raw=b'{"prompt": "' + b"x" * 8000 + b'"}')
     assert reply.status == 413 and reply.error()["message"]
 
 
-def test_health(url, engine):
-    assert get(url, "/health").json()["status"] == "ok"
-    engine.alive = False
-    reply = get(url, "/health")
-    assert reply.status == 503 and reply.json()["status"] == "unavailable"
+def test_health(served, bundle):
+    body = get(served.url, "/health").json()
+    assert body == {"status": "ok", "model": bundle.name, "policy": served.engine.policy.name}
 
 
-def test_metrics_parse(url):
-    reply = get(url, "/metrics")
+def test_metrics_parse(served):
+    reply = get(served.url, "/metrics")
     assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
     names = {f.name for f in text_string_to_metric_families(reply.body.decode())}
-    assert "fairtick_requests_running" in names
+    assert {"fairtick_requests_running", "fairtick_generation_tokens"} <= names
 
 
-def test_debug_trace_and_state(url):
-    post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-    lines = get(url, "/debug/trace?since=0&limit=1").body.decode().splitlines()
+def test_debug_trace_and_state(served):
+    post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    lines = get(served.url, "/debug/trace?since=0&limit=1").body.decode().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["trigger"] == "admit"
-    assert get(url, "/debug/state").json()["policy"] == "fake_policy"
+    state = served.state()
+    assert state["policy"] == served.engine.policy.name and state["slots"] == 1
+    assert state["admission"] == {"queued": 0, "max_waiting": 1, "kv_tokens_reserved": 0,
+                                  "max_kv_tokens": None}
+    assert state["memory"]["cached_sequences"] == 0 and state["memory"]["mlx_active_bytes"] > 0
 
 
 @pytest.mark.parametrize("query", ["since=-1", "since=x", "limit=0", "limit=1.5"])
-def test_debug_trace_rejects_bad_queries(url, query):
-    reply = get(url, f"/debug/trace?{query}")
+def test_debug_trace_rejects_bad_queries(served, query):
+    reply = get(served.url, f"/debug/trace?{query}")
     assert reply.status == 400 and reply.error()["param"] == query.split("=")[0]

@@ -172,9 +172,25 @@ def test_logprobs_are_not_supported():
 
 
 def test_logit_bias_is_not_supported():
-    expect(completion, logit_bias={"5": 10}, param="logit_bias", match="not supported")
-    expect(completion, logit_bias=[1], param="logit_bias")
-    assert completion(logit_bias={})
+    err = expect(completion, logit_bias={"5": 10}, param="logit_bias", match="not supported")
+    assert err.code == "unsupported_parameter"
+    expect(completion, logit_bias=[1], param="logit_bias", match="object")
+    assert completion(logit_bias={}) and completion(logit_bias=None)
+
+
+@pytest.mark.parametrize("key", ["258", "-1", "999999", "x", "1.5", "", "\u0663", "9" * 5000])
+def test_logit_bias_keys_must_be_inside_the_vocabulary(key):
+    expect(completion, logit_bias={key: 1}, param="logit_bias", match="inside the vocabulary")
+
+
+@pytest.mark.parametrize("bias", [101, -100.5, float("nan"), float("inf"), "1", None, 10**400])
+def test_logit_bias_values_are_finite_numbers_in_range(bias):
+    expect(completion, logit_bias={"5": bias}, param="logit_bias", match="-100 to 100")
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty"])
+def test_an_integer_too_large_for_a_float_is_a_400(field):
+    expect(completion, **{field: 10**400}, param=field)
 
 
 @pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2), ("suffix", "x"),

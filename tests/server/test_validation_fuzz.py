@@ -1,0 +1,81 @@
+"""Validation never crashes: any JSON body is a ValidRequest or a 4xx ApiError naming a reason;
+any bytes are a JSON object or a 4xx. Hypothesis generates the bodies (no engine, no HTTP).
+Strings that UTF-8 cannot carry (lone surrogates) stop at `parse_body`, so bodies here have none."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.errors import ApiError
+from server.validation import _FIELDS, parse_body, validate_request
+from tests.server.test_validation import LIMITS, ByteEncoder
+
+FIELD_NAMES = sorted(_FIELDS["completion"] | _FIELDS["chat"]) + ["wat"]
+EDGES = [0, 1, -1, 2**31, 2**63, 2**64, 10**400, -(10**400), 1e30, -0.0, 1e-320, "", [], {},
+         float("nan"), float("inf"), "\x00", LIMITS.vocab_size]
+LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                   st.sampled_from(EDGES))
+KEYS = st.one_of(st.text(max_size=6),
+                 st.sampled_from(["role", "content", "type", "text", "include_usage", "5"]))
+VALUES = st.recursive(LEAVES, lambda children: st.one_of(
+    st.lists(children, max_size=4), st.dictionaries(KEYS, children, max_size=4)), max_leaves=10)
+SETTINGS = settings(max_examples=300, database=None, deadline=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def check_api_error(exc: ApiError) -> None:
+    assert 400 <= exc.status < 500, exc.message
+    body = exc.to_body()["error"]
+    assert body["message"] and body["type"] == "invalid_request_error"
+    json.dumps(body)  # the error itself must be serializable
+
+
+@SETTINGS
+@given(kind=st.sampled_from(["completion", "chat"]),
+       body=st.dictionaries(st.sampled_from(FIELD_NAMES), VALUES, max_size=6),
+       base=st.booleans())
+def test_any_body_is_valid_or_a_4xx(kind, body, base):
+    if base:  # most fields then reach their own checks instead of stopping at a missing prompt
+        body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], **body}
+        body.pop("messages" if kind == "completion" else "prompt")
+    try:
+        valid = validate_request(kind, body, LIMITS, ByteEncoder())
+    except ApiError as exc:
+        check_api_error(exc)
+        return
+    assert len(valid.prompt_tokens) + valid.sampling.max_tokens <= LIMITS.context_length
+    valid.sampling.validate()
+
+
+@SETTINGS
+@given(kind=st.sampled_from(["completion", "chat"]), field=st.sampled_from(FIELD_NAMES),
+       value=st.one_of(st.sampled_from(EDGES), VALUES))
+def test_one_bad_field_in_a_good_body_is_a_4xx_naming_it(kind, field, value):
+    body = {"prompt": "hi"} if kind == "completion" else {
+        "messages": [{"role": "user", "content": "hi"}]}
+    body = {**body, "max_tokens": 4, field: value}
+    try:
+        validate_request(kind, body, LIMITS, ByteEncoder())
+    except ApiError as exc:
+        check_api_error(exc)
+        if field in _FIELDS[kind] and exc.status == 400:
+            assert exc.param is not None and exc.param.split("[")[0].split(".")[0] in (
+                field, "max_tokens"), (field, exc.param, exc.message)
+
+
+@SETTINGS
+@given(data=st.one_of(st.binary(max_size=64),
+                      st.recursive(LEAVES, lambda c: st.lists(c, max_size=3), max_leaves=8)
+                      .map(lambda v: json.dumps(v).encode()),
+                      st.integers(1, 200).map(lambda n: b"[" * n + b"]" * n),
+                      st.sampled_from([b'{"a": "\\ud800"}', b'{"a": NaN}', b"1e400", b"\xff"])),
+       content_type=st.sampled_from([None, "application/json", "text/plain", "",
+                                     "application/json; charset=utf-8", "application/x+json"]))
+def test_any_bytes_are_an_object_or_a_4xx(data, content_type):
+    try:
+        assert isinstance(parse_body(data, content_type, 1024), dict)
+    except ApiError as exc:
+        check_api_error(exc)
