@@ -101,7 +101,7 @@ class Checker:
     """Explores every interleaving for one policy and configuration."""
 
     def __init__(self, policy: Policy, max_seqs: int = 4, max_chunks: int = 4, slots: int = 4,
-                 horizon: int = 10, lifecycle: Lifecycle | None = None) -> None:
+                 horizon: int = 8, lifecycle: Lifecycle | None = None) -> None:
         if min(max_seqs, max_chunks, slots) < 1:
             raise ValueError("--max-seqs, --max-chunks and --slots must be >= 1")
         self.policy, self.max_seqs, self.max_chunks, self.slots = \

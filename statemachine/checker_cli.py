@@ -25,8 +25,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seqs", type=int, default=4, help="live sequences at most (4)")
     p.add_argument("--max-chunks", type=int, default=4, help="prompt chunks at most (4)")
     p.add_argument("--slots", type=int, default=4, help="slots (--parallel) (4)")
-    p.add_argument("--horizon", type=int, default=10,
-                   help="a wait this long counts as starvation when a claim is unbounded (10)")
+    p.add_argument("--horizon", type=int, default=8,
+                   help="a wait this long counts as starvation when a claim is unbounded (8)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a policy parameter (repeatable)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
