@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +40,9 @@ class LiveServer:
         return {s.name: s.value for f in text_string_to_metric_families(text)
                 for s in f.samples if not s.labels}
 
+    def state(self) -> dict[str, Any]:
+        return dict(get(self.url, "/debug/state").json())
+
     def wait_idle(self, timeout_s: float = 15.0) -> None:
         """Until no sequence runs, waits or is parked (fails the test otherwise)."""
         names = ("fairtick_requests_running", "fairtick_requests_waiting",
@@ -50,6 +54,22 @@ class LiveServer:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"server not idle: { {n: gauges.get(n) for n in names} }")
+            time.sleep(0.05)
+
+    def wait_baseline(self, active_bytes: int, timeout_s: float = 15.0) -> dict[str, Any]:
+        """Until the gauges are 0, no sequence is live, admission holds no place and no KV token,
+        no sequence holds a cache and MLX holds no more than `active_bytes`; the state then."""
+        self.wait_idle(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.state()
+            admission, memory = state["admission"], state["memory"]
+            if (not state["sequences"] and admission["queued"] == 0
+                    and admission["kv_tokens_reserved"] == 0 and memory["cached_sequences"] == 0
+                    and memory["mlx_active_bytes"] <= active_bytes):
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not back to the baseline ({active_bytes} bytes): {state}")
             time.sleep(0.05)
 
 

@@ -24,6 +24,10 @@ def completion_text(server) -> str:
     (b'{"prompt": "\xff"}', None, "UTF-8"),
     (b'{"max_tokens": NaN, "prompt": "x"}', None, "NaN"),
     (b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", None, "nested"),
+    (b'{"prompt": "x", "temperature": -Infinity}', None, "Infinity"),
+    (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", None, "not valid JSON"),
+    (b'{"prompt": "\\udc00"}', None, "surrogate"),
+    (b"", None, "empty"),
 ])
 def test_malformed_bodies(server, raw, param, words):
     reply = post(server.url, "/v1/completions", raw=raw)
@@ -44,6 +48,16 @@ def test_malformed_bodies(server, raw, param, words):
     ({"prompt": "x", "seed": -5}, "seed"),
     ({"prompt": [1, 10**6]}, "prompt"),
     ({"prompt": "x", "wat": 1}, "wat"),
+    ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "x", "temperature": 10**400}, "temperature"),
+    ({"prompt": "x", "top_p": "1"}, "top_p"),
+    ({"prompt": "x", "stop": ["a", 1]}, "stop"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "x", "seed": 2**64}, "seed"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
 ])
 def test_invalid_fields(server, body, param):
     reply = post(server.url, "/v1/completions", body)

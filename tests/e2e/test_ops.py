@@ -1,5 +1,5 @@
-"""Operator surface of the real server: /metrics, /debug/trace, /debug/state, /health, and the
-slots: a client that disconnects frees its slot; a full queue answers 429 at once."""
+"""Operator surface of the real server: /metrics, /debug/trace, /debug/state, /health, and a full
+queue answering 429 at once. Disconnects are in test_disconnects.py."""
 
 from __future__ import annotations
 
@@ -78,43 +78,6 @@ def wait_gauge(server, name: str, value: float, timeout_s: float = 10.0) -> None
     while server.gauges().get(name) != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}: {server.gauges()}"
         time.sleep(0.05)
-
-
-def test_disconnect_mid_stream_frees_the_slot(server):
-    streams = open_running(server, 2)
-    wait_gauge(server, "fairtick_requests_running", 2)
-    streams[0].drop()
-    wait_gauge(server, "fairtick_requests_running", 1)
-    streams[1].drop()
-    server.wait_idle()
-    reply = post(server.url, "/v1/completions", {"prompt": "after", "max_tokens": 2})
-    assert reply.status == 200
-
-
-def test_disconnect_while_waiting_leaves_the_queue(server):
-    running = open_running(server, 2)
-    waiting = OpenStream(server.url, "/v1/completions",
-                         {"prompt": "queued", "max_tokens": 4, "stream": True})
-    wait_gauge(server, "fairtick_requests_waiting", 1)
-    waiting.drop()
-    wait_gauge(server, "fairtick_requests_waiting", 0)
-    assert server.gauges()["fairtick_requests_running"] == 2
-    for stream in running:
-        stream.drop()
-
-
-def test_disconnect_while_parked_aborts_the_prefill(server):
-    running = open_running(server, 1)
-    before = len(trace_events(server))
-    parked = OpenStream(server.url, "/v1/completions",
-                        {"prompt": "z" * 4000, "max_tokens": 2, "stream": True})
-    wait_gauge(server, "fairtick_requests_parked", 1)
-    parked.drop()
-    wait_gauge(server, "fairtick_requests_parked", 0)
-    running[0].drop()
-    server.wait_idle()
-    aborts = [e for e in trace_events(server)[before:] if e["trigger"] == "abort"]
-    assert any(e["from"] in ("parked_prefill", "prefilling") for e in aborts), aborts
 
 
 def test_a_full_queue_answers_429_with_retry_after(server):
