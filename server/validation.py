@@ -11,6 +11,7 @@ completions and to the rest of the context for chat.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -93,7 +94,7 @@ def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> di
         raise invalid(f"request body is not valid UTF-8 ({exc.reason} at byte {exc.start})",
                       None, code="invalid_encoding") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise invalid(f"request body is not valid JSON: {exc}", None, code="invalid_json") from None
     _check_structure(value)
@@ -102,26 +103,30 @@ def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> di
     return value
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
 def _check_structure(value: Any) -> None:
-    """Depth cap, and strings that UTF-8 can carry (a lone surrogate escape cannot)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    """Depth cap; strings that UTF-8 can carry (a lone surrogate escape cannot); finite numbers
+    (NaN, Infinity and float literals past 1.8e308 are refused here, naming where they are)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise invalid(f"JSON is nested deeper than {MAX_JSON_DEPTH} levels", None,
                           code="invalid_json")
         if isinstance(item, str):
             _check_encodable(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise invalid(f"`{path or 'body'}` must be a finite number, got "
+                          f"{_JSON_CONSTANTS[repr(item)]}; NaN, Infinity and numbers beyond "
+                          "1.8e308 are not allowed", path or None)
         elif isinstance(item, dict):
             for key, child in item.items():
                 _check_encodable(key)
-                stack.append((child, depth + 1))
+                stack.append((child, depth + 1, f"{path}.{key}" if path else key))
         elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
+            stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+_JSON_CONSTANTS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def _check_encodable(text: str) -> None:

@@ -22,9 +22,9 @@ def completion_text(server) -> str:
 @pytest.mark.parametrize("raw,param,words", [
     (b'{"prompt": "x",', None, "not valid JSON"),
     (b'{"prompt": "\xff"}', None, "UTF-8"),
-    (b'{"max_tokens": NaN, "prompt": "x"}', None, "NaN"),
+    (b'{"max_tokens": NaN, "prompt": "x"}', "max_tokens", "NaN"),
     (b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", None, "nested"),
-    (b'{"prompt": "x", "temperature": -Infinity}', None, "Infinity"),
+    (b'{"prompt": "x", "temperature": -Infinity}', "temperature", "-Infinity"),
     (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", None, "not valid JSON"),
     (b'{"prompt": "\\udc00"}', None, "surrogate"),
     (b"", None, "empty"),

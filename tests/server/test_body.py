@@ -42,9 +42,17 @@ def test_malformed_json():
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_non_standard_json_constants(literal):
+def test_non_standard_json_constants_name_where_they_are(literal):
     expect(parse_body, f'{{"temperature": {literal}}}'.encode(), "application/json", 1024,
-           match=f"{literal} is not allowed")
+           param="temperature", match=f"got {literal}")
+    expect(parse_body, f'{{"stream_options": {{"x": [1, {literal}]}}}}'.encode(), None, 1024,
+           param="stream_options.x[1]", match="finite number")
+
+
+def test_a_float_literal_past_the_float_range_is_refused():
+    expect(parse_body, b'{"logit_bias": {"5": -1e400}}', None, 1024, param="logit_bias.5",
+           match="got -Infinity")
+    expect(parse_body, b"1e999", None, 1024, param=None, match="`body` must be a finite")
 
 
 def test_huge_integer_literal():
