@@ -218,9 +218,9 @@ def reference(t: Target, prompt: str, max_tokens: int) -> Reference:
     return Reference(prompt, body["choices"][0]["text"], body["usage"]["prompt_tokens"])
 
 
-def stream_once(t: Target, prompt: str, max_tokens: int, cut_after: int | None) -> Stream:
-    """One streamed completion; `cut_after` closes the connection after that many tokens
-    (-1: right after sending the request, before any answer)."""
+def stream_once(t: Target, prompt: str, max_tokens: int, cut_after: float | None) -> Stream:
+    """One streamed completion; `cut_after` closes the connection after that many tokens, or
+    (when negative) -cut_after seconds after sending the request, reading nothing."""
     out = Stream()
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -228,7 +228,8 @@ def stream_once(t: Target, prompt: str, max_tokens: int, cut_after: int | None) 
     try:
         conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json"})
-        if cut_after == -1:
+        if cut_after is not None and cut_after < 0:
+            time.sleep(-cut_after)
             out.cut = True
             return out
         response = conn.getresponse()
@@ -273,7 +274,7 @@ def read_event(line: bytes, out: Stream) -> None:
             out.finish.append(choice["finish_reason"])
 
 
-def stream(t: Target, prompt: str, max_tokens: int, cut_after: int | None = None) -> Stream:
+def stream(t: Target, prompt: str, max_tokens: int, cut_after: float | None = None) -> Stream:
     """A streamed completion, retried after each 429 (up to MAX_RETRIES, honouring
     Retry-After)."""
     for attempt in range(MAX_RETRIES + 1):
@@ -366,9 +367,11 @@ def run_storm(t: Target, args: argparse.Namespace) -> PhaseResult:
     refs = [reference(t, p, tokens) for p in prompts(t, 8)]
     wait_drained(t, 30)
     rss_start = rss_bytes(t.pid)
-    # About half are cut: before any answer, or after k tokens.
-    plan = [(i % len(refs), rng.randrange(-1, tokens) if rng.random() < 0.5 else None)
-            for i in range(n)]
+    # About half are cut: a third of those up to 2 s after sending, reading nothing (waiting,
+    # parked or prefilling), the rest after k tokens (decoding).
+    plan = [(i % len(refs), None if rng.random() < 0.5 else -rng.uniform(0.001, 2.0)
+             if rng.random() < 1 / 3 else rng.randrange(tokens)) for i in range(n)]
+    first_tick = exchange(t, "GET", "/debug/state").json().get("tick", 0)
     concurrency = args.storm_concurrency or t.max_waiting
     started = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -383,10 +386,13 @@ def run_storm(t: Target, args: argparse.Namespace) -> PhaseResult:
     bad_cut = Counter(o.failure or f"HTTP {o.status}" for o in cut
                       if o.failure or (o.status is not None and o.status >= 500))
     exact_uncut = sum(1 for o, ref in uncut if not problems(o, ref, tokens))
-    cut_states = Counter("before the answer" if p[1] == -1 else "after k tokens"
+    cut_states = Counter("before the answer" if p[1] < 0 else "after k tokens"
                          for p in plan if p[1] is not None)
+    trace = exchange(t, "GET", f"/debug/trace?since={first_tick}").body.decode().splitlines()
+    aborted_from = Counter(e["from"] for e in map(json.loads, trace) if e["trigger"] == "abort")
     rows = [("streams x max_tokens", f"{n} x {tokens}"), ("concurrent clients", concurrency),
             ("cut", f"{len(cut)} ({dict(cut_states)})"),
+            ("aborts by lifecycle state (trace)", dict(aborted_from.most_common()) or "none"),
             ("uncut streams exact", f"{exact_uncut}/{len(uncut)}"),
             ("uncut problems", dict(bad_uncut) or "none"),
             ("cut streams: 5xx/reset/hang before the cut", dict(bad_cut) or "none"),

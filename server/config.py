@@ -22,6 +22,10 @@ class ServerConfig:
     # A whole (non-streamed) generation may legitimately wait a long time in the queue.
     response_timeout_s: float = 3600.0
     stop_grace_s: float = 5.0
+    # Connections the kernel queues before the server accepts them. Sanic's default of 100 lets
+    # a burst of clients overflow it: their connections stall for a SYN retry or are reset
+    # instead of getting their 429. The kernel caps it at net.core.somaxconn.
+    listen_backlog: int = 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -30,5 +34,7 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if not self.response_timeout_s > 0:
             raise ValueError(f"response_timeout_s must be > 0, got {self.response_timeout_s}")
+        if self.listen_backlog < 1:
+            raise ValueError(f"listen_backlog must be at least 1, got {self.listen_backlog}")
         if not self.stop_grace_s >= 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}")
