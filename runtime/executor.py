@@ -6,6 +6,12 @@ mask, as mlx-lm's `BatchGenerator` does); sequences that leave the batch are fil
 it, or extracted back into their own cache when they are alive but not stepped. Joining and
 leaving therefore cost one copy of the batch cache; a decode step with an unchanged batch costs
 none.
+
+Decode is pipelined the way mlx-lm's generation loop is: while every live sequence is in the
+batch, `decode` queues the next step (`mx.async_eval`) before it reads this step's tokens, so
+the next graph's building and the caller's work between ticks overlap the model's compute. The
+next call takes the queued tokens if it steps the same batch (less released sequences); any
+other batch undoes the queued step (caches trimmed by one token, PRNG keys rewound).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class Executor:
         # sequence whose row is dropped at the next decode.
         self._batch_ids: list[int | None] = []
         self._batch_cache: list[BatchKVCache] | None = None
+        # Tokens of a step already queued on the batch (its rows, its caches advanced) that no
+        # `decode` has returned yet; None when the batch is not ahead.
+        self._ahead: mx.array | None = None
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams) -> None:
         """Register a sequence; its prompt runs through `prefill`."""
@@ -110,15 +119,19 @@ class Executor:
         for seq_id in ids:
             if self._get(seq_id).last_token is None:
                 raise ValueError(f"sequence {seq_id} has not finished its prefill")
+        if self._ahead is not None and set(ids) != {i for i in self._batch_ids if i is not None}:
+            self._rewind()
         self._regroup(ids)
         if not ids:
             return {}
-        assert self._batch_cache is not None
         seqs = [self._seqs[seq_id] for seq_id in self._batch_ids if seq_id is not None]
-        inputs = mx.array([s.last_token for s in seqs])[:, None]
-        logits = self.model(inputs, cache=self._batch_cache)[:, -1, :]
-        tokens = sample_batch(logits, [s.sampler for s in seqs], [s.num_generated for s in seqs])
-        mx.eval(tokens, [c.state for c in self._batch_cache])
+        tokens = self._ahead
+        if tokens is None:
+            tokens = self._step(seqs, mx.array([s.last_token for s in seqs]), ahead=0)
+        self._ahead = None
+        if self._can_run_ahead(seqs):
+            self._ahead = self._step(seqs, tokens, ahead=1)
+            mx.async_eval(self._ahead)
         out: dict[int, int] = {}
         for seq_id, seq, token in zip(self._batch_ids, seqs, tokens.tolist(), strict=True):
             assert seq_id is not None
@@ -127,6 +140,30 @@ class Executor:
             out[seq_id] = token
         return out
 
+    def _step(self, seqs: list[_Sequence], inputs: mx.array, ahead: int) -> mx.array:
+        # Lazy tokens of one forward over the batch; `ahead` steps past what was returned.
+        assert self._batch_cache is not None
+        logits = self.model(inputs[:, None], cache=self._batch_cache)[:, -1, :]
+        steps = [s.num_generated + ahead for s in seqs]
+        return sample_batch(logits, [s.sampler for s in seqs], steps)
+
+    def _can_run_ahead(self, seqs: list[_Sequence]) -> bool:
+        # Not while a sequence outside the batch may need the next tick (its work would queue
+        # behind this step, or it joins and the step is undone), nor past every max_tokens.
+        return len(seqs) == len(self._seqs) and any(
+            s.num_generated + 1 < s.sampler.params.max_tokens for s in seqs
+        )
+
+    def _rewind(self) -> None:
+        # Undo the queued step: its token leaves every row's cache, its PRNG split is undone.
+        assert self._batch_cache is not None
+        for c in self._batch_cache:
+            c.trim(1)
+        for seq_id in self._batch_ids:
+            if seq_id is not None:
+                self._seqs[seq_id].sampler.rewind()
+        self._ahead = None
+
     def release(self, seq_id: int) -> None:
         """Free the sequence's cache (its batch row is dropped at the next decode)."""
         self._get(seq_id)
@@ -134,8 +171,9 @@ class Executor:
         if seq_id in self._batch_ids:
             self._batch_ids[self._batch_ids.index(seq_id)] = None
             if all(i is None for i in self._batch_ids):
-                self._batch_ids, self._batch_cache = [], None
+                self._batch_ids, self._batch_cache, self._ahead = [], None, None
         if not self._seqs:
+            mx.synchronize()  # a queued step's buffers must be freed before the cache is
             mx.clear_cache()
 
     def _get(self, seq_id: int) -> _Sequence:
@@ -156,6 +194,8 @@ class Executor:
             if keep:
                 for c in self._batch_cache:
                     c.filter(keep)
+                if self._ahead is not None:
+                    self._ahead = self._ahead[mx.array(keep)]
             else:
                 self._batch_cache = None
             self._batch_ids = [self._batch_ids[i] for i in keep]

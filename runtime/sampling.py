@@ -77,6 +77,7 @@ class SequenceSampler:
         self._eos = mx.array(sorted(eos_token_ids), dtype=mx.int32) if eos_token_ids else None
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self._key = mx.random.key(seed)
+        self._prev_key = self._key  # the key before the latest split, for `rewind`
 
     def blocks_eos(self, step: int) -> bool:
         """Whether EOS is masked out for the token with index `step` (0 = first token)."""
@@ -85,6 +86,10 @@ class SequenceSampler:
     def mask_eos(self, logits: mx.array) -> mx.array:
         assert self._eos is not None
         return logits.at[..., self._eos].add(-mx.inf)
+
+    def rewind(self) -> None:
+        """Undo the latest `sample`'s use of the key (its token was thrown away)."""
+        self._key = self._prev_key
 
     def sample(self, logits: mx.array, step: int) -> mx.array:
         """One token id (shape (1,)) from `logits` of shape (1, vocab)."""
@@ -97,6 +102,7 @@ class SequenceSampler:
             logprobs = apply_top_p(logprobs, self.params.top_p)
         if 0 < self.params.top_k < logprobs.shape[-1]:
             logprobs = apply_top_k(logprobs, self.params.top_k)
+        self._prev_key = self._key
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / self.params.temperature), key=sub)
 

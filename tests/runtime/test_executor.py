@@ -149,15 +149,17 @@ def test_min_tokens_and_ignore_eos_mask_eos(eos_bundle: ModelBundle) -> None:
         0: SamplingParams(),
         1: SamplingParams(min_tokens=eos_at + 3, max_tokens=eos_at + 3),
         2: SamplingParams(ignore_eos=True),
+        3: SamplingParams(min_tokens=eos_at, max_tokens=eos_at + 3),  # EOS allowed just in time
     }
     out = {}
     for seq_id, sampling in params.items():
         ex.add(seq_id, prompt, sampling)
         out[seq_id] = [prefill_all(ex, seq_id)]
     for _ in range(eos_at + 4):
-        for seq_id, token in ex.decode([0, 1, 2]).items():
+        for seq_id, token in ex.decode([0, 1, 2, 3]).items():
             out[seq_id].append(token)
     assert out[0][: eos_at + 1] == expected  # EOS where mlx-lm puts it
+    assert out[3][: eos_at + 1] == expected
     assert EOS not in out[1][: eos_at + 3]
     assert out[1][:eos_at] == expected[:eos_at]
     assert EOS not in out[2]
@@ -182,6 +184,42 @@ def test_seeded_sampling_is_reproducible_across_batch_compositions(bundle: Model
     )[0]
     assert batched == alone
     assert other_seed != alone
+
+
+def test_decode_ahead_is_undone_when_the_batch_changes(bundle: ModelBundle) -> None:
+    # Between steps of an unchanged batch the next step is already queued; a sequence that
+    # skips a step, rejoins, joins late or is released must still get mlx-lm's exact tokens,
+    # and a seeded sampler its own draws.
+    prompts = {i: text_prompt(6 + 7 * i, seed=300 + i) for i in range(4)}
+    seeded = SamplingParams(temperature=1.0, seed=77, max_tokens=40)
+    sampling = {0: SamplingParams(max_tokens=40), 1: seeded, 2: SamplingParams(max_tokens=40)}
+    ex = Executor(bundle)
+    out: dict[int, list[int]] = {}
+    for seq_id, params in sampling.items():
+        ex.add(seq_id, prompts[seq_id], params)
+        out[seq_id] = [ex.prefill(seq_id, 1000)]  # type: ignore[list-item]
+
+    def step(ids: list[int], times: int = 1) -> None:
+        for _ in range(times):
+            for seq_id, token in ex.decode(ids).items():
+                out[seq_id].append(token)
+
+    step([0, 1, 2], 3)
+    step([0, 2], 2)  # 1 skips two steps (parked), then rejoins
+    step([0, 1, 2], 3)
+    ex.add(3, prompts[3], SamplingParams(max_tokens=40))  # arrives while the batch runs ahead
+    out[3] = [prefill_all(ex, 3)]
+    step([0, 1, 2], 2)
+    step([0, 1, 2, 3], 3)
+    ex.release(2)  # leaves while the batch runs ahead
+    step([0, 1, 3], 3)
+    step([], 1)  # everyone parked
+    step([0, 1, 3], 2)
+    assert out[0] == reference(bundle, prompts[0], len(out[0]))
+    assert out[3] == reference(bundle, prompts[3], len(out[3]))
+    assert out[2] == reference(bundle, prompts[2], len(out[2]))
+    alone = run_staggered(Executor(bundle), {1: prompts[1]}, {1: seeded}, len(out[1]))[1]
+    assert out[1] == alone
 
 
 @pytest.mark.parametrize(
