@@ -4,35 +4,19 @@ memory, EOS and stop strings, and a trace that only holds declared transitions."
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
 from runtime.engine import Engine, EngineConfig
-from runtime.model import ModelBundle, load_model, make_builtin_model
+from runtime.model import ModelBundle
 from statemachine.lifecycle import load_lifecycle
 from statemachine.spec import shipped_policy_names
 from tests.runtime.engine_harness import Collector, submit, wait_until
 
 CHUNK = 32
 NON_BASELINE = [n for n in shipped_policy_names() if n != "baseline"]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fairtick-cache")
-
-
-@pytest.fixture(scope="module")
-def bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir))
-
-
-@pytest.fixture(scope="module")
-def eos_bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir, allow_eos=True))
 
 
 def make_engine(bundle: ModelBundle, policy: str, parallel: int = 4, **kw: object) -> Engine:

@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
 from runtime.executor import Executor
-from runtime.model import ModelBundle, load_model, make_builtin_model
+from runtime.model import ModelBundle
 from runtime.sampling import SamplingParams
 
 CHUNK = 16
 EOS = 257
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fairtick-cache")
-
-
-@pytest.fixture(scope="module")
-def bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir))
-
-
-@pytest.fixture(scope="module")
-def eos_bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir, allow_eos=True))
 
 
 def reference(bundle: ModelBundle, prompt: list[int], num_tokens: int) -> list[int]:

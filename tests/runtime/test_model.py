@@ -19,21 +19,6 @@ PRINTABLE = set(range(32, 127))
 BOS, EOS = 256, 257
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fairtick-cache")
-
-
-@pytest.fixture(scope="module")
-def bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir))
-
-
-@pytest.fixture(scope="module")
-def eos_bundle(cache_dir: Path) -> ModelBundle:
-    return load_model(make_builtin_model(cache_dir, allow_eos=True))
-
-
 def _random_prompts(num: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     prompts = []
