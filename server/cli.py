@@ -79,16 +79,18 @@ def serve_main(argv: Sequence[str]) -> int:
     from server.app import create_app
 
     app = create_app(config)
-    app.run(host=config.host, port=config.port, single_process=True, motd=False,
-            access_log=False)
+    app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
+            single_process=True, motd=False, access_log=False)
     return 0
 
 
 def _serve_parser() -> argparse.ArgumentParser:
     from runtime.engine import EngineConfig
+    from server.config import ServerConfig
     from server.validation import DEFAULT_MAX_BODY_BYTES
 
     d = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    server = ServerConfig()
     p = argparse.ArgumentParser(prog="fairtick serve",
                                 description="Serve the OpenAI-compatible API on HTTP.")
     p.add_argument("--model", default=d["model"], metavar="PATH",
@@ -111,6 +113,12 @@ def _serve_parser() -> argparse.ArgumentParser:
                    "(default: no limit beyond the slots)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--listen-backlog", type=int, default=server.listen_backlog, metavar="N",
+                   help=f"connections the kernel queues before they are accepted; capped at "
+                   f"net.core.somaxconn (default {server.listen_backlog})")
+    p.add_argument("--stop-grace-s", type=float, default=server.stop_grace_s, metavar="S",
+                   help=f"on SIGTERM or Ctrl-C, seconds in-flight requests may run before they "
+                   f"are aborted with 503 (default {server.stop_grace_s:g})")
     p.add_argument("--trace-capacity", type=int, default=d["trace_capacity"], metavar="N",
                    help=f"transitions kept for /debug/trace (default {d['trace_capacity']})")
     p.add_argument("--check-invariants", action="store_true",
@@ -133,7 +141,8 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         check_invariants=args.check_invariants,
     )
     return ServerConfig(engine=engine, host=args.host, port=args.port,
-                        max_body_bytes=args.max_body_bytes)
+                        max_body_bytes=args.max_body_bytes, listen_backlog=args.listen_backlog,
+                        stop_grace_s=args.stop_grace_s)
 
 
 def trace_main(argv: Sequence[str]) -> int:

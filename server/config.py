@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # A whole (non-streamed) generation may legitimately wait a long time in the queue.
     response_timeout_s: float = 3600.0
+    # On shutdown, how long requests in flight may still run before they are aborted (503).
     stop_grace_s: float = 5.0
     # Connections the kernel queues before the server accepts them. Sanic's default of 100 lets
     # a burst of clients overflow it: their connections stall for a SYN retry or are reset
@@ -36,5 +38,6 @@ class ServerConfig:
             raise ValueError(f"response_timeout_s must be > 0, got {self.response_timeout_s}")
         if self.listen_backlog < 1:
             raise ValueError(f"listen_backlog must be at least 1, got {self.listen_backlog}")
-        if not self.stop_grace_s >= 0:
-            raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}")
+        if not (self.stop_grace_s >= 0 and math.isfinite(self.stop_grace_s)):
+            raise ValueError(f"stop_grace_s must be a finite number of seconds >= 0, got "
+                             f"{self.stop_grace_s}")

@@ -1,5 +1,5 @@
-"""A stdlib HTTP client for a running `fairtick serve`: JSON routes, /metrics, and streamed
-completions whose token arrival times are recorded on the monotonic clock."""
+"""A stdlib HTTP client for a running `fairtick serve`: raw exchanges, JSON routes, /metrics,
+and streamed completions whose token arrival times are recorded on the monotonic clock."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,26 +19,58 @@ class ServerError(RuntimeError):
     """The server could not be reached or answered with an error."""
 
 
-def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
+@dataclass
+class Reply:
+    """A whole HTTP answer; header names lower-cased."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def connect(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    """A (not yet opened) connection to the server at `url`, e.g. http://127.0.0.1:8000."""
     parts = urllib.parse.urlparse(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"--url must look like http://127.0.0.1:PORT, got {url!r}")
     return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
 
 
-def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
-    """The body of GET `path`; ServerError unless it is 200."""
-    conn = _connection(url, timeout_s)
+def exchange(url: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+             content_type: str | None = "application/json", chunked: bool = False,
+             timeout_s: float = 30.0) -> Reply:
+    """One request on a fresh connection, whatever its status: `body` as JSON, or `raw` bytes as
+    they are (in two chunks when `chunked`). Raises OSError/HTTPException below HTTP."""
+    conn = connect(url, timeout_s)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    headers = {"Content-Type": content_type} if content_type is not None and data else {}
+    if chunked and data:
+        headers["Transfer-Encoding"] = "chunked"
     try:
-        conn.request("GET", path)
+        try:
+            conn.request(method, path, body=iter([data[:7], data[7:]]) if chunked and data
+                         else data, headers=headers, encode_chunked=chunked)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a server may answer (413) and close before a large body is sent: read it
         response = conn.getresponse()
-        body = response.read().decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise ServerError(f"cannot reach {url}{path}: {exc}") from exc
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()},
+                     response.read())
     finally:
         conn.close()
-    if response.status != 200:
-        raise ServerError(f"GET {path}: HTTP {response.status}: {body[:300]}")
+
+
+def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
+    """The body of GET `path`; ServerError unless it is 200."""
+    try:
+        reply = exchange(url, "GET", path, timeout_s=timeout_s)
+    except OSError as exc:
+        raise ServerError(f"cannot reach {url}{path}: {exc}") from exc
+    body = reply.body.decode("utf-8", errors="replace")
+    if reply.status != 200:
+        raise ServerError(f"GET {path}: HTTP {reply.status}: {body[:300]}")
     return body
 
 
@@ -135,7 +168,7 @@ class TimedStream:
         return self.times_s[0] - self.sent_s
 
     def _run(self) -> None:
-        conn = self._conn = _connection(self.url, self.timeout_s)
+        conn = self._conn = connect(self.url, self.timeout_s)
         try:
             self.sent_s = time.monotonic()
             conn.request("POST", "/v1/completions", body=self.body.encode(),

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from server.cli import main
+from server.config import ServerConfig
 from server.policy_flags import flag_dest, resolve_policy_params
 from statemachine.spec import load_policy
 from tests.server.http_helpers import post
@@ -68,6 +69,49 @@ def test_an_invalid_parameter_env_var_refuses_to_start(monkeypatch, capsys):
     monkeypatch.setenv(p.env, "lots")
     assert main(["serve", "--policy", "grant_counter"]) == 2
     assert p.env in capsys.readouterr().err
+
+
+class _NotServing:
+    """Stands in for the Sanic app: records how `serve` runs it instead of serving."""
+
+    def __init__(self, config, seen: dict) -> None:
+        seen["config"] = config
+        self.seen = seen
+
+    def run(self, **kwargs) -> None:
+        self.seen["run"] = kwargs
+
+
+@pytest.fixture
+def served_as(monkeypatch):
+    """main(["serve", *flags]) without serving: the ServerConfig built and app.run's keywords."""
+    seen: dict = {}
+    monkeypatch.setattr("server.app.create_app", lambda config: _NotServing(config, seen))
+
+    def serve_with(*flags: str) -> dict:
+        assert main(["serve", *flags]) == 0
+        return seen
+
+    return serve_with
+
+
+def test_serve_passes_the_listen_backlog_and_grace_period(served_as):
+    seen = served_as("--listen-backlog", "2048", "--stop-grace-s", "0.5")
+    assert seen["run"]["backlog"] == 2048 == seen["config"].listen_backlog
+    assert seen["config"].stop_grace_s == 0.5
+
+
+def test_serve_defaults_come_from_the_server_config(served_as):
+    seen = served_as()
+    assert seen["run"]["backlog"] == ServerConfig().listen_backlog
+    assert seen["config"].stop_grace_s == ServerConfig().stop_grace_s == 5
+
+
+@pytest.mark.parametrize("flags", [("--stop-grace-s", "-1"), ("--stop-grace-s", "nan"),
+                                   ("--stop-grace-s", "inf"), ("--listen-backlog", "0")])
+def test_a_bad_backlog_or_grace_period_refuses_to_start(flags, capsys):
+    assert main(["serve", *flags]) == 2
+    assert flags[0].lstrip("-").replace("-", "_") in capsys.readouterr().err
 
 
 def test_parameter_precedence_flag_then_env_then_default():

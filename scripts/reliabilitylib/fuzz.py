@@ -1,0 +1,92 @@
+"""The fuzz phase: Hypothesis sends generated requests (reliabilitylib.cases); every answer must
+be a 2xx or an OpenAI-style JSON 4xx, never a 5xx, reset or hang, and /health stays ok."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import time
+from collections import Counter
+
+from benchlib.client import Reply
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from reliabilitylib.cases import Case, field_cases, raw_cases
+from reliabilitylib.report import PhaseResult
+from reliabilitylib.target import Target, failure_kind, health_ok, is_json_error, wait_drained
+
+
+def classify(reply: Reply) -> str:
+    """The class of an answer: 2xx, 4xx JSON, or what is wrong with it."""
+    if 200 <= reply.status < 300:
+        text = reply.body.decode(errors="replace")
+        if reply.headers.get("content-type", "").startswith("text/event-stream"):
+            return "2xx" if text.rstrip().endswith("data: [DONE]") else "2xx malformed stream"
+        return "2xx" if "choices" in json.loads(text) else "2xx malformed body"
+    if 400 <= reply.status < 500:
+        return "4xx JSON" if is_json_error(reply) else "4xx not JSON"
+    return f"{reply.status // 100}xx"
+
+
+def send_case(t: Target, case: Case) -> str:
+    """The class of the server's answer to `case`; a field case's 4xx must name a field it
+    changed (its base body is valid)."""
+    try:
+        reply = t.exchange(case.method, case.path, raw=case.body,
+                           content_type=case.content_type, chunked=case.chunked)
+    except (OSError, http.client.HTTPException) as exc:
+        return failure_kind(exc)
+    kind = classify(reply)
+    if kind == "4xx JSON" and " fields: " in case.label:
+        changed = {name.lstrip("-") for name in case.label.split(": ")[1].split(",")}
+        param = str(reply.json()["error"]["param"]).split("[")[0].split(".")[0]
+        if param not in changed:
+            return "4xx not naming a changed field"
+    return kind
+
+
+def run_fuzz(t: Target, args: argparse.Namespace) -> PhaseResult:
+    """`args.fuzz_examples` generated requests (seeded), health checked every 25."""
+    seen: list[tuple[str, Case]] = []
+    unhealthy: list[int] = []
+    oversize = Case("/v1/completions", b'{"prompt": "' + b"x" * (5 << 20) + b'"}',
+                    "application/json", "oversize: 5 MiB")
+
+    @hypothesis_seed(args.seed)
+    @settings(max_examples=args.fuzz_examples, database=None, deadline=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+              report_multiple_bugs=False)
+    @given(case=st.one_of(field_cases(t.context_length), raw_cases()))
+    @example(case=oversize)
+    @example(case=Case("/v1/completions", b"{}", None, "content type: none, {}"))
+    def probe(case: Case) -> None:
+        seen.append((send_case(t, case), case))
+        if len(seen) % 25 == 0 and not health_ok(t):
+            unhealthy.append(len(seen))
+
+    started = time.monotonic()
+    probe()
+    wall = time.monotonic() - started
+    left = wait_drained(t, 30)
+    healthy_after = health_ok(t)
+    kinds = Counter(kind for kind, _ in seen)
+    labels = Counter(case.label.split(":")[0] for _, case in seen)
+    bad = [(kind, case) for kind, case in seen if kind not in ("2xx", "4xx JSON")]
+    rows = [("requests", len(seen))]
+    rows += [(f"answered: {kind}", count) for kind, count in sorted(kinds.items())]
+    rows += [("generated kinds", dict(labels.most_common())), ("wall", f"{wall:.1f} s"),
+             ("health checks failed", len(unhealthy)),
+             ("health after", "ok" if healthy_after else "NOT OK"),
+             ("after: anything held", dict(left) if any(left.values()) else "nothing")]
+    for kind, case in bad[:5]:
+        rows.append((f"example {kind}", f"{case.label}: {case.path} {case.body[:120]!r}"))
+    failures = []
+    if bad:
+        kinds_bad = dict(Counter(kind for kind, _ in bad))
+        failures.append(f"{len(bad)} answers neither 2xx nor JSON 4xx: {kinds_bad}")
+    if unhealthy or not healthy_after or any(left.values()):
+        failures.append("the server was unhealthy or held work afterwards")
+    return PhaseResult("fuzz", rows, failures)
