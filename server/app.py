@@ -32,21 +32,13 @@ _app_numbers = itertools.count(1)
 SHUTDOWN_FLUSH_S = 2.0
 
 
-class FairtickSanic(Sanic):
-    """Sanic whose `run` listens with the configured backlog unless told otherwise."""
-
-    def run(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        kwargs.setdefault("backlog", self.ctx.config.listen_backlog)
-        super().run(*args, **kwargs)
-
-
 def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     """A Sanic app serving `engine`, or an engine built from `config.engine` at startup.
 
     The app owns its engine either way: it starts it (if not running) before serving and stops
     it after the server stops.
     """
-    app = FairtickSanic(f"fairtick_{next(_app_numbers)}")
+    app = Sanic(f"fairtick_{next(_app_numbers)}")
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.RESPONSE_TIMEOUT = config.response_timeout_s
     app.config.FALLBACK_ERROR_FORMAT = "json"

@@ -13,11 +13,7 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sanic import Sanic
 
-from runtime.engine import Engine, EngineConfig
-from server.app import create_app
-from server.config import ServerConfig
 from tests.server.http_helpers import OpenStream, get, post, request
 from tests.server.serving import POISON, poison_prompts, serve
 
@@ -292,14 +288,3 @@ def test_debug_trace_and_state(served):
 def test_debug_trace_rejects_bad_queries(served, query):
     reply = get(served.url, f"/debug/trace?{query}")
     assert reply.status == 400 and reply.error()["param"] == query.split("=")[0]
-
-
-def test_run_listens_with_the_configured_backlog(monkeypatch, bundle):
-    # Sanic's default backlog (100) lets a burst of clients overflow it and be reset.
-    seen = {}
-    monkeypatch.setattr(Sanic, "run", lambda self, *a, **kw: seen.update(kw))
-    engine = Engine(EngineConfig(), bundle)
-    create_app(ServerConfig(listen_backlog=2048), engine=engine).run(port=0)
-    assert seen["backlog"] == 2048
-    create_app(ServerConfig(), engine=engine).run(port=0, backlog=7)
-    assert seen["backlog"] == 7
