@@ -14,7 +14,8 @@
 # Environment (defaults): PORT (a free port), MODEL (built-in model), PARALLEL (STREAMS+1),
 # CHUNK (512), SAMPLES (12), INTERVAL_S (5), PROMPT_TOKENS (10000), STREAMS (4),
 # STREAM_TOKENS (20000), ADMIT_AFTER_S (3), EXTRA_FLAGS (more serve flags, e.g. policy
-# parameters: EXTRA_FLAGS='--grant-interval 4'), PYTHON (.venv/bin/python).
+# parameters: EXTRA_FLAGS='--grant-interval 4'), PYTHON (.venv/bin/python), TRACE_PNG (if set,
+# the server's trace is drawn there with `fairtick trace --png` before it stops).
 set -euo pipefail
 
 ARM=${1:-baseline}
@@ -112,3 +113,7 @@ for ((n = 1; n <= SAMPLES; n++)); do
         "$(counter fairtick_prefill_chunks_total)" "$(counter fairtick_prefill_grants_total)" \
         "$(counter fairtick_mixed_steps_total)" "$(counter fairtick_decode_steps_total)" "$first"
 done
+if [[ -n ${TRACE_PNG:-} ]]; then
+    (cd "$REPO" && "$PYTHON" -c 'import sys; from server.cli import main; sys.exit(main())' \
+        trace --url "$URL" --png "$TRACE_PNG") || echo "starvation_probe: no trace picture" >&2
+fi
