@@ -59,8 +59,8 @@ def start_server(flags: list[str], log_path: Path, timeout_s: float = 120.0) -> 
                        f"{server.log_tail()}")
 
 
-def stop_server(server: Server, timeout_s: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL if it does not stop in time."""
+def stop_server(server: Server, timeout_s: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL if it does not stop in time; its exit status."""
     if server.process.poll() is None:
         server.process.send_signal(signal.SIGTERM)
         try:
@@ -68,3 +68,4 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait(timeout_s)
+    return int(server.process.returncode)

@@ -4,9 +4,7 @@ model; shared by the whole e2e session and stopped with SIGTERM at the end (whic
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -17,22 +15,28 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.http_helpers import free_port, get
+from tests.server.http_helpers import get
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))
+
+from benchlib.serve import Server  # noqa: E402
+from benchlib.serve import start_server as start_bench_server  # noqa: E402
+from benchlib.serve import stop_server as stop_bench_server  # noqa: E402
+
+_server_numbers = itertools.count()
 # Small enough for 2 CPU cores: 2 slots, a queue of 2, 32-token chunks.
 SERVE_FLAGS = ("--parallel", "2", "--max-waiting", "2", "--prefill-chunk-size", "32")
 START_TIMEOUT_S = 120.0
 
 
 @dataclass
-class LiveServer:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
+class LiveServer(Server):
+    """A running `fairtick serve`, with what the tests read from it."""
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
+        return self.log_tail(5000)
 
     def gauges(self) -> dict[str, float]:
         """Unlabelled sample values from /metrics."""
@@ -74,39 +78,15 @@ class LiveServer:
 
 
 def start_server(tmp_dir: Path, *flags: str) -> LiveServer:
-    """`fairtick serve` on a free port; returns once /health answers 200."""
-    port = free_port()
-    log_path = tmp_dir / f"serve-{port}.log"
-    cmd = [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())",
-           "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"fairtick serve exited with {process.returncode}:\n{server.log()}")
-        try:
-            if get(server.url, "/health", timeout_s=2).status == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    raise RuntimeError(f"fairtick serve did not become healthy:\n{server.log()}")
+    """`fairtick serve` on a free port (benchlib's launcher); returns once /health answers."""
+    log_path = tmp_dir / f"serve-{next(_server_numbers)}.log"
+    server = start_bench_server(list(flags), log_path, timeout_s=START_TIMEOUT_S)
+    return LiveServer(server.url, server.process, server.log_path)
 
 
 def stop_server(server: LiveServer, timeout_s: float = 30.0) -> int:
     """SIGTERM, then the exit status (killing it if it does not stop in time)."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
-    return int(server.process.returncode)
+    return stop_bench_server(server, timeout_s)
 
 
 @pytest.fixture(scope="session")
