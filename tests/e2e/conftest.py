@@ -5,7 +5,6 @@ model; shared by the whole e2e session and stopped with SIGTERM at the end (whic
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,17 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchlib.serve import Server
+from benchlib.serve import start_server as start_bench_server
+from benchlib.serve import stop_server as stop_bench_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.http_helpers import get
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))
-
-from benchlib.serve import Server  # noqa: E402
-from benchlib.serve import start_server as start_bench_server  # noqa: E402
-from benchlib.serve import stop_server as stop_bench_server  # noqa: E402
 
 _server_numbers = itertools.count()
 # Small enough for 2 CPU cores: 2 slots, a queue of 2, 32-token chunks.

@@ -14,8 +14,6 @@ from tests.e2e.conftest import LiveServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 SERVE_FLAGS = ("--policy", "mixed_step", "--parallel", "5", "--prefill-chunk-size", "16")
 # A layout small enough for 2 cores: 200-token prompt (13 chunks), half a second of quiet.

@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from benchlib import client
+from benchlib.serve import free_port as free_port  # re-exported for the tests
 
 
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
+class Reply(client.Reply):
+    """benchlib's reply, plus the checks tests make of error and SSE bodies."""
 
     def error(self) -> dict[str, Any]:
         """The OpenAI-style error object; fails the test if the body is not one."""
