@@ -122,6 +122,8 @@ class Engine:
         self.admission.reserve(need)
         self._inbox.put(("submit", (request, sink, time.monotonic())))
         self._wake.set()
+        if not self.alive:  # it died after the check above: answer and release the request
+            self._drain_inbox(refuse=f"engine stopped: {self.error or 'stopped'}")
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next tick, whatever state it is in."""
@@ -159,6 +161,9 @@ class Engine:
             reason = f"engine stopped: {self.error}" if self.error else "server shutting down"
             for live in list(self._live.values()):
                 live.end("error" if self.error else "abort", error=reason)
+                self.admission.release(live.kv_tokens, queued=live.admitted_s is None)
+            self._live.clear()
+            self._by_request.clear()
             self._drain_inbox(refuse=reason)
             # MLX needs its per-thread streams freed by the thread that used them, or the
             # process aborts at exit ("terminate called without an active exception").

@@ -229,3 +229,23 @@ def test_kv_budget_and_queue_bound_refuse_at_once(bundle):
         engine.stop()
     assert [got.last(r).finish_reason for r in "ace"] == ["length"] * 3
     assert engine.admission.num_queued == 0
+
+
+def test_a_request_racing_the_engines_death_is_answered_and_released(bundle, monkeypatch):
+    engine, got = make_engine(bundle, "mixed_step"), Collector()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("scheduler broke")
+
+    engine.scheduler.schedule = broken  # the engine thread dies at its next tick
+    submit(engine, got, "first", prompt(5, 0), max_tokens=3)
+    got.wait("first")
+    wait_until(lambda: not engine.alive)
+    # The next request passes the alive check, as if the thread died just after it.
+    checks = iter([True])
+    monkeypatch.setattr(Engine, "alive", property(lambda self: next(checks, False)))
+    submit(engine, got, "late", prompt(5, 1), max_tokens=3)
+    got.wait("late", timeout=5)
+    engine.stop(grace_s=0)
+    assert got.last("late").finish_reason == "error" and "scheduler broke" in got.last("late").error
+    assert engine.admission.kv_tokens == 0 and engine.admission.num_queued == 0
