@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from statemachine.invariants import (
+    UNIVERSAL,
     Bounds,
     Violation,
     check_claims,
@@ -339,5 +340,4 @@ class Checker:
         return None
 
 
-CLAIM_ORDER = (*CLAIMS, "lifecycle", "slots", "no_idle_with_work", "well_formed",
-               "no_starvation")
+CLAIM_ORDER = (*CLAIMS, *UNIVERSAL)

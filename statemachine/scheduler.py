@@ -109,10 +109,9 @@ class Scheduler:
         prefills = []
         for seq_id in decision.granted:
             seq = self._live[seq_id]
-            seq.granted_tokens = min(decision.chunk_tokens, seq.prefill_left)
             seq.num_grants += 1
             self._fire(seq, "grant", decision.rule)
-            prefills.append(PrefillWork(seq_id, seq.granted_tokens))
+            prefills.append(PrefillWork(seq_id, min(decision.chunk_tokens, seq.prefill_left)))
         decode = tuple(s.seq_id for s in self._live.values() if s.state == "decoding") \
             if decision.decodes else ()
         return TickPlan(self.tick, decision, state, tuple(prefills), decode)
@@ -126,7 +125,6 @@ class Scheduler:
             if seq is None:
                 continue
             seq.prefill_left -= work.num_tokens
-            seq.granted_tokens = 0
             self._fire(seq, "chunk_done", rule)
             if seq.state == "decoding":
                 completed.append((seq.seq_id, seq.age_ticks + 1, seq.num_grants))
@@ -150,7 +148,7 @@ class Scheduler:
                                        parked_ttft=self.policy.spec.tick_budget_ms is None))
 
     # -- derived views ---------------------------------------------------------------------
-    def tick_state(self, budget_tokens: int | None = None) -> TickState:
+    def tick_state(self) -> TickState:
         """The flattened snapshot a policy decides on."""
         parked, num_waiting, num_decoding = [], 0, 0
         for s in self._live.values():
@@ -163,7 +161,7 @@ class Scheduler:
                 num_waiting += 1
         return TickState(self.num_slots, num_waiting, num_decoding, tuple(parked),
                          self.decode_wait_ticks if num_decoding else 0, self.chunk_size,
-                         budget_tokens, self.memory)
+                         None, self.memory)
 
     @property
     def num_holding_slots(self) -> int:
@@ -193,7 +191,6 @@ class Scheduler:
                 if self.can_admit is not None and not self.can_admit(seq):
                     break  # FIFO: a sequence that does not fit blocks the ones behind it
                 self._fire(seq, "admit", "admit")
-                seq.admitted_tick = self.tick
                 self.max_chunks_seen = max(self.max_chunks_seen, seq.num_chunks)
                 free -= 1
 

@@ -24,8 +24,6 @@ class Sequence:
         self.wait_ticks = 0  # ticks parked since admission or the last grant
         self.age_ticks = 0  # ticks since admission
         self.overtaken = 0  # grants others received since this one's last grant
-        self.admitted_tick: int | None = None
-        self.granted_tokens = 0  # tokens of the chunk running this tick
         self.num_grants = 0  # chunks (or slices) run so far
 
     def has_prefill_left(self) -> bool:
