@@ -24,7 +24,7 @@ from runtime.budget import CostModel
 from runtime.executor import Executor
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
-from runtime.requests import LiveRequest
+from runtime.requests import LiveRequest, kv_tokens
 from statemachine.scheduler import Scheduler, TickPlan
 from statemachine.tick import TickState, make_policy
 from statemachine.trace import TraceLog
@@ -112,7 +112,7 @@ class Engine:
         """Queue a request; `sink` receives its events on the engine thread."""
         if not self.alive or not self._accepting:
             raise EngineDead(f"the engine is not running ({self.error or 'stopped'})")
-        need = len(request.prompt_tokens) + request.sampling.max_tokens
+        need = kv_tokens(request)
         if not request.prompt_tokens:
             raise ValueError("the prompt is empty: send at least one token")
         if need > self.bundle.context_length:

@@ -7,6 +7,11 @@ from runtime.detok import TextStream
 from runtime.metrics import EngineMetrics
 
 
+def kv_tokens(request: GenerationRequest) -> int:
+    """KV cache tokens a request may hold: its prompt and every token it may generate."""
+    return len(request.prompt_tokens) + request.sampling.max_tokens
+
+
 class LiveRequest:
     """A request the engine holds: turns sampled tokens into events and decides when it ends."""
 
@@ -27,8 +32,7 @@ class LiveRequest:
 
     @property
     def kv_tokens(self) -> int:
-        """KV cache tokens this request may hold: its prompt and every token it may generate."""
-        return len(self.request.prompt_tokens) + self.request.sampling.max_tokens
+        return kv_tokens(self.request)
 
     def accept(self, token: int, now_s: float, metrics: EngineMetrics) -> bool:
         """Publish one sampled token; True when the request is finished by it."""
