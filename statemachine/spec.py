@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from statemachine.expr import Expr, ExprError, Kind, compile_expr
+from statemachine.expr import Expr, ExprError, Kind, Var, compile_expr
 from statemachine.yamlsrc import Path_, Source, SpecError, load_source
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
@@ -22,14 +22,17 @@ ACTIONS: tuple[Action, ...] = ("idle", "decode", "prefill", "mixed")
 PICKS = ("round_robin", "oldest_first", "fewest_left")
 CLAIMS = ("wait_ticks", "ttft_ticks", "overtakes", "decode_wait_ticks")
 
-# Names a rule condition (and the grants / chunk_tokens sizes) may use: TickState fields.
-STATE_FIELDS: dict[str, Kind] = {
-    "num_slots": "num", "num_free_slots": "num", "num_waiting": "num", "num_parked": "num",
-    "num_decoding": "num", "decode_streak": "num", "decode_wait_ticks": "num",
-    "max_wait_ticks": "num", "chunk_size": "num", "budget_tokens": "num",
+# Names a rule condition (and the grants / chunk_tokens sizes) may use: TickState fields, each
+# with the range of its values (a division by a name whose range holds 0 is refused at load).
+STATE_FIELDS: dict[str, Var] = {
+    "num_slots": Var(low=1), "num_free_slots": Var(low=0), "num_waiting": Var(low=0),
+    "num_parked": Var(low=0), "num_decoding": Var(low=0), "decode_streak": Var(low=0),
+    "decode_wait_ticks": Var(low=0), "max_wait_ticks": Var(low=0), "chunk_size": Var(low=1),
+    "budget_tokens": Var(low=0),
 }
 # Names a claim may use besides the parameters: the configuration being checked.
-CLAIM_FIELDS: dict[str, Kind] = {"slots": "num", "chunks": "num", "max_chunks": "num"}
+CLAIM_FIELDS: dict[str, Var] = {"slots": Var(low=1), "chunks": Var(low=1),
+                                "max_chunks": Var(low=1)}
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -128,8 +131,8 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
     if not _NAME.match(name):
         raise src.error(("name",), "must be lower_snake_case letters, digits and _")
     params = _parameters(src, doc.get("parameters") or {})
-    param_kinds: dict[str, Kind] = {p.name: "num" for p in params}
-    names = {**STATE_FIELDS, **param_kinds}
+    param_vars = {p.name: Var("num", p.minimum, p.maximum) for p in params}
+    names = {**STATE_FIELDS, **param_vars}
     pick = doc.get("pick", "round_robin")
     if pick not in PICKS:
         raise src.error(("pick",), f"unknown pick rule {pick!r}; allowed: {', '.join(PICKS)}")
@@ -143,10 +146,10 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
         chunk_tokens=_expr(src, ("chunk_tokens",), doc.get("chunk_tokens", "chunk_size"),
                            names, "num"),
         rules=_rules(src, doc.get("rules"), names),
-        claims=_claims(src, doc.get("claims"), {**CLAIM_FIELDS, **param_kinds}),
+        claims=_claims(src, doc.get("claims"), {**CLAIM_FIELDS, **param_vars}),
         tick_budget_ms=None if "tick_budget_ms" not in doc else _expr(
             src, ("tick_budget_ms",), doc["tick_budget_ms"],
-            {"decode_step_ms": "num", **param_kinds}, "num"),
+            {"decode_step_ms": Var(low=0), **param_vars}, "num"),
     )
 
 
@@ -165,7 +168,7 @@ def _known_keys(src: Source, path: Path_, doc: dict[str, Any], allowed: set[str]
             raise src.error((*path, key), f"unknown field; allowed: {', '.join(sorted(allowed))}")
 
 
-def _expr(src: Source, path: Path_, text: Any, names: dict[str, Kind], want: Kind) -> Expr:
+def _expr(src: Source, path: Path_, text: Any, names: dict[str, Var], want: Kind) -> Expr:
     try:
         return compile_expr(text, names, want)
     except ExprError as exc:
@@ -205,7 +208,7 @@ def _parameters(src: Source, raw: Any) -> tuple[ParameterSpec, ...]:
     return tuple(out)
 
 
-def _rules(src: Source, raw: Any, names: dict[str, Kind]) -> tuple[Rule, ...]:
+def _rules(src: Source, raw: Any, names: dict[str, Var]) -> tuple[Rule, ...]:
     if not isinstance(raw, list) or not raw:
         raise src.error(("rules",), "must be a non-empty list of {name, when, action}")
     rules, seen = [], set()
@@ -226,7 +229,7 @@ def _rules(src: Source, raw: Any, names: dict[str, Kind]) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _claims(src: Source, raw: Any, names: dict[str, Kind]) -> dict[str, Expr | None]:
+def _claims(src: Source, raw: Any, names: dict[str, Var]) -> dict[str, Expr | None]:
     if not isinstance(raw, dict):
         raise src.error(("claims",), f"must be a mapping with {', '.join(CLAIMS)}")
     _known_keys(src, ("claims",), raw, set(CLAIMS))
