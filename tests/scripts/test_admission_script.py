@@ -45,7 +45,7 @@ def test_json_reports_counters_that_fit_the_policy(mixed_server):
 
 
 def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
-    short = [*SMALL, "--stream-tokens", "20"]  # 20 tokens end long before half a second
+    short = [*SMALL, "--stream-tokens", "3"]  # 3 ticks: over long before the half-second settle
     done = run_script(SCRIPT, "--url", mixed_server.url, *short)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.startswith("NOT COMPARABLE: "), done.stdout
