@@ -21,6 +21,9 @@ def read_prompt(value: Any, vocab_size: int, encoder: Any) -> list[int]:
     """The token ids of a completions `prompt`: a string, or token ids checked against the vocab."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
+    if isinstance(value, (str, list)) and not value:
+        # Before tokenizing: a tokenizer that adds BOS would turn "" into one token.
+        raise invalid("`prompt` must not be empty", "prompt")
     if isinstance(value, str):
         tokens = list(encoder.encode_prompt(value))
     elif isinstance(value, list) and all(is_int(t) for t in value):

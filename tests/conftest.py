@@ -1,9 +1,21 @@
-"""Makes `scripts/benchlib` importable for every test: the tests start servers and talk HTTP
-with the same helpers the benchmark scripts use."""
+"""Set-up shared by every test.
+
+- `scripts/benchlib` is importable: the tests start servers and talk HTTP with the same helpers
+  the benchmark scripts use.
+- Hypothesis runs under the `fairtick` profile, loaded here before any test module builds its
+  own `settings(...)` (which inherit from it): every failure prints a `@reproduce_failure` blob,
+  so a failure found on any machine can be replayed exactly, whatever example database it had.
+"""
 
 import sys
 from pathlib import Path
 
+from hypothesis import settings
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
+
+HYPOTHESIS_PROFILE = "fairtick"
+settings.register_profile(HYPOTHESIS_PROFILE, print_blob=True)
+settings.load_profile(HYPOTHESIS_PROFILE)

@@ -104,3 +104,12 @@ def server(live_server: LiveServer) -> Iterator[LiveServer]:
 @pytest.fixture(scope="session")
 def model_name(live_server: LiveServer) -> str:
     return str(get(live_server.url, "/v1/models").json()["data"][0]["id"])
+
+
+@pytest.fixture(scope="session")
+def builtin() -> Any:
+    """The built-in model the server serves (it is given no --model), loaded here too: its
+    name and its real tokenizer are what the tests expect."""
+    from runtime.model import load_model
+
+    return load_model(None)

@@ -4,10 +4,19 @@ queue answering 429 at once. Disconnects are in test_disconnects.py."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
+import urllib.parse
+from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.config import ServerConfig
+from statemachine.spec import load_policy
+from tests.e2e.conftest import SERVE_FLAGS
+from tests.lifecycle_names import ADMIT, CHUNK_DONE, DECODING, FINISH, FINISHED, GRANT, WAITING
 from tests.server.http_helpers import OpenStream, get, post
 
 # Named in DESIGN.md; the server exports the engine's registry as it is.
@@ -47,11 +56,11 @@ def test_trace_shows_a_requests_whole_lifecycle(server):
     events = trace_events(server)[before:]
     assert {e["seq"] for e in events} == {events[0]["seq"]}, "one request, one sequence"
     triggers = [e["trigger"] for e in events]
-    assert triggers[0] == "admit" and triggers[-1] == "finish", triggers
+    assert triggers[0] == ADMIT and triggers[-1] == FINISH, triggers
     # At least two chunks (the policy may size them smaller); every grant ends in a chunk_done.
-    assert triggers.count("grant") >= 2, triggers
-    assert triggers.count("grant") == triggers.count("chunk_done"), triggers
-    assert events[-1]["to"] == "finished"
+    assert triggers.count(GRANT) >= 2, triggers
+    assert triggers.count(GRANT) == triggers.count(CHUNK_DONE), triggers
+    assert events[-1]["to"] == FINISHED
     assert all(set(e) >= {"tick", "time", "seq", "from", "to", "trigger", "rule"} for e in events)
     ticks = [e["tick"] for e in events]
     assert ticks == sorted(ticks)
@@ -60,7 +69,22 @@ def test_trace_shows_a_requests_whole_lifecycle(server):
 
 def test_debug_state_names_the_policy_and_its_parameters(server):
     state = get(server.url, "/debug/state").json()
-    assert state["policy"] and isinstance(state["params"], dict)
+    spec = load_policy("default")  # the server runs with no --policy
+    assert (state["policy"], state["params"]) == (spec.name, spec.defaults)
+    flags = dict(zip(SERVE_FLAGS[::2], SERVE_FLAGS[1::2], strict=True))
+    assert state["slots"] == int(flags["--parallel"])
+    assert state["prefill_chunk_size"] == int(flags["--prefill-chunk-size"])
+
+
+def test_the_listen_backlog_reaches_the_kernel(server):
+    # For a listening socket, `ss` shows its accept-queue limit in Send-Q.
+    if shutil.which("ss") is None:
+        pytest.skip("needs `ss` (iproute2) to read a socket's listen backlog")
+    port = urllib.parse.urlparse(server.url).port
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert int(out[2]) == min(ServerConfig().listen_backlog, somaxconn), out
 
 
 def open_running(server, count: int) -> list[OpenStream]:
@@ -71,6 +95,14 @@ def open_running(server, count: int) -> list[OpenStream]:
     for stream in streams:
         stream.read_event()
     return streams
+
+
+def wait_state(server, what, timeout_s: float = 10.0) -> None:
+    """Until `what(/debug/state)` holds (fails after a guard time)."""
+    deadline = time.monotonic() + timeout_s
+    while not what(state := server.state()):
+        assert time.monotonic() < deadline, f"condition never held: {state}"
+        time.sleep(0.02)
 
 
 def wait_gauge(server, name: str, value: float, timeout_s: float = 10.0) -> None:
@@ -84,11 +116,14 @@ def test_a_full_queue_answers_429_with_retry_after(server):
     running = open_running(server, 2)
     queued = [OpenStream(server.url, "/v1/completions",
                          {"prompt": f"q{i}", "max_tokens": 4, "stream": True}) for i in range(2)]
-    wait_gauge(server, "fairtick_requests_waiting", 2)
-    started = time.monotonic()
+    full = sorted([DECODING] * 2 + [WAITING] * 2)
+    wait_state(server, lambda s: sorted(q["state"] for q in s["sequences"]) == full)
     reply = post(server.url, "/v1/completions", {"prompt": "one too many", "max_tokens": 2})
     assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
     assert reply.error()["type"] == "rate_limit_error"
-    assert time.monotonic() - started < 2.0, "a refusal is answered at once"
+    # Answered at once: the slots and the queue were still full, so it never waited for room.
+    state = server.state()
+    assert sorted(q["state"] for q in state["sequences"]) == full
+    assert state["admission"]["queued"] == 2
     for stream in running + queued:
         stream.drop()

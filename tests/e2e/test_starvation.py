@@ -14,8 +14,10 @@ import threading
 
 import pytest
 
-from statemachine.spec import load_policy, shipped_policy_names
+from statemachine.spec import shipped_policy_names
+from statemachine.tick import make_policy
 from tests.e2e.conftest import start_server, stop_server
+from tests.lifecycle_names import ADMIT, DECODING, FINISH
 from tests.server.http_helpers import OpenStream, get
 
 SLOTS, CHUNK, CHUNKS, STREAMS = 4, 32, 5, 3
@@ -23,14 +25,16 @@ PROMPT = "p" * (CHUNK * (CHUNKS - 1) + 8)  # with BOS: CHUNKS chunks
 MIN_STREAM_TOKENS, MARGIN_TICKS = 120, 40
 
 
+def ttft_claim(policy: str) -> int | None:
+    """The policy's TTFT bound, in ticks, for this prompt at this layout (None: unbounded)."""
+    return make_policy(policy).claim("ttft_ticks", slots=SLOTS, chunks=CHUNKS, max_chunks=CHUNKS)
+
+
 def stream_tokens(policy: str) -> int:
-    """Decode ticks the streams must outlast: the policy's TTFT bound for this prompt."""
-    spec = load_policy(policy)
-    claim = spec.claims["ttft_ticks"]
-    if claim is None:
-        return MIN_STREAM_TOKENS
-    env = {**spec.defaults, "slots": SLOTS, "chunks": CHUNKS, "max_chunks": CHUNKS}
-    return max(MIN_STREAM_TOKENS, int(claim(env)) + MARGIN_TICKS)
+    """Tokens the streams run for: more than the prompt's TTFT claim, and a margin for the tokens
+    they decode before the prompt is admitted."""
+    claim = ttft_claim(policy)
+    return MIN_STREAM_TOKENS if claim is None else max(MIN_STREAM_TOKENS, claim + MARGIN_TICKS)
 
 
 def counters(url: str) -> dict[str, float]:
@@ -46,7 +50,7 @@ def trace(url: str) -> list[dict]:
 
 
 def admitted_seqs(events: list[dict]) -> list:
-    return [e["seq"] for e in events if e["trigger"] == "admit"]
+    return [e["seq"] for e in events if e["trigger"] == ADMIT]
 
 
 def run_scenario(url: str, max_tokens: int) -> dict:
@@ -60,6 +64,11 @@ def run_scenario(url: str, max_tokens: int) -> dict:
     before_prompt, at_admission = len(trace(url)), counters(url)
     prompt = OpenStream(url, "/v1/completions",
                         {"prompt": PROMPT, "max_tokens": 2, "stream": True})
+    # The prompt was submitted before its headers came, so it is admitted by the next tick at
+    # the latest: by then no stream has more than one token beyond what the state shows now.
+    ids = {stream.request_id for stream in streams}
+    ahead = 1 + max(s["generated"] for s in get(url, "/debug/state").json()["sequences"]
+                    if s["request_id"] in ids)
     readers = [threading.Thread(target=drain, args=(s,)) for s in streams]
     for reader in readers:
         reader.start()
@@ -70,7 +79,7 @@ def run_scenario(url: str, max_tokens: int) -> dict:
         reader.join(60)
     events = trace(url)
     return {"streams": admitted_seqs(events[before_streams:before_prompt]),
-            "prompt": admitted_seqs(events[before_prompt:]), "events": events,
+            "prompt": admitted_seqs(events[before_prompt:]), "events": events, "ahead": ahead,
             "delta": {k: at_first_token.get(k, 0) - v for k, v in at_admission.items()}}
 
 
@@ -88,13 +97,18 @@ def test_admission_under_a_busy_batch(policy, tmp_path):
         run = run_scenario(server.url, stream_tokens(policy))
     finally:
         stop_server(server)
+    claim = ttft_claim(policy)
+    if claim is not None:
+        left = stream_tokens(policy) - run["ahead"]
+        assert left > claim, (f"not a fair test: the streams had {left} tokens left when the "
+                              f"prompt came, its TTFT claim is {claim} ticks; raise MARGIN_TICKS")
     assert len(run["streams"]) == STREAMS and len(run["prompt"]) == 1, run["events"][-30:]
     (prompt_seq,) = run["prompt"]
     events = run["events"]
     first_token_tick = min(e["tick"] for e in events
-                           if e["seq"] == prompt_seq and e["to"] == "decoding")
+                           if e["seq"] == prompt_seq and e["to"] == DECODING)
     finish_ticks = [e["tick"] for e in events
-                    if e["seq"] in run["streams"] and e["trigger"] == "finish"]
+                    if e["seq"] in run["streams"] and e["trigger"] == FINISH]
     assert len(finish_ticks) == STREAMS
     if policy == "baseline":
         assert first_token_tick > max(finish_ticks), "baseline must show the defect"

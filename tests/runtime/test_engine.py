@@ -1,5 +1,9 @@
 """The engine over the real built-in model: exactness, the admission scenario, aborts,
-memory, EOS and stop strings, and a trace that only holds declared transitions."""
+memory, EOS and stop strings, and a trace that only holds declared transitions.
+
+Nothing here waits on the clock: a test waits for the event it needs (a token, a state in the
+engine's snapshot, the engine thread inside a held call) and reads the order of events from the
+trace or from the order the engine published them."""
 
 from __future__ import annotations
 
@@ -13,10 +17,13 @@ from runtime.engine import Engine, EngineConfig
 from runtime.model import ModelBundle
 from statemachine.lifecycle import load_lifecycle
 from statemachine.spec import shipped_policy_names
-from tests.runtime.engine_harness import Collector, submit, wait_until
+from tests.lifecycle_names import ABORT, CHUNK_DONE, DECODING, PARKED, PREFILLING, WAITING
+from tests.runtime.engine_harness import Collector, hold, submit, wait_until
 
 CHUNK = 32
 NON_BASELINE = [n for n in shipped_policy_names() if n != "baseline"]
+# Tokens a stream may decode before the prompt is admitted; streams outlast it by the claim.
+MARGIN_TICKS = 40
 
 
 def make_engine(bundle: ModelBundle, policy: str, parallel: int = 4, **kw: object) -> Engine:
@@ -52,43 +59,59 @@ def test_batched_chunked_output_equals_unbatched_greedy(bundle, policy):
 
 
 def admission_scenario(bundle: ModelBundle, policy: str) -> tuple[Collector, list[str]]:
-    engine, got = make_engine(bundle, policy, parallel=5), Collector()
-    streams = [f"s{i}" for i in range(4)]
+    """Three streams decode; then a prompt of three chunks is admitted into the fourth slot.
+    The streams are longer than the policy's own TTFT claim for that prompt, so under a policy
+    that keeps its claim none of them can finish before the prompt's first token."""
+    slots, chunks = 4, 3
+    engine, got = make_engine(bundle, policy, parallel=slots), Collector()
+    claim = engine.policy.claim("ttft_ticks", slots=slots, chunks=chunks, max_chunks=chunks)
+    stream_tokens = (claim or 0) + MARGIN_TICKS
+    streams = [f"s{i}" for i in range(slots - 1)]
     try:
         for i, rid in enumerate(streams):
-            submit(engine, got, rid, prompt(8, 100 + i), max_tokens=150)
+            submit(engine, got, rid, prompt(8, 100 + i), max_tokens=stream_tokens)
         wait_until(lambda: all(len(got.tokens(r)) >= 2 for r in streams[:1]))
-        submit(engine, got, "long", prompt(6 * CHUNK, 7), max_tokens=4)
+        submit(engine, got, "long", prompt(chunks * CHUNK, 7), max_tokens=4)
+        # The prompt is admitted at the next tick: at most one more token per stream.
+        ahead = max(len(got.tokens(r)) for r in streams) + 1
         got.wait(*streams, "long")
     finally:
         engine.stop()
+    if claim is not None:
+        assert stream_tokens - ahead > claim, (
+            f"not a fair test: the streams had {stream_tokens - ahead} tokens left when the "
+            f"prompt came, its TTFT claim is {claim} ticks; raise MARGIN_TICKS")
     return got, streams
 
 
 @pytest.mark.parametrize("policy", NON_BASELINE)
 def test_a_prompt_admitted_into_a_busy_batch_gets_its_token_while_they_decode(bundle, policy):
     got, streams = admission_scenario(bundle, policy)
-    first = got.first_token_time("long")
+    first = got.first_token_order("long")
     for rid in streams:
-        assert got.events[rid][-1][0] > first, f"{rid} finished before the prompt's first token"
+        assert got.last_order(rid) > first, f"{rid} finished before the prompt's first token"
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
     got, streams = admission_scenario(bundle, "baseline")
-    first = got.first_token_time("long")
-    assert all(got.events[rid][-1][0] < first for rid in streams)
+    first = got.first_token_order("long")
+    assert all(got.last_order(rid) < first for rid in streams)
 
 
-def test_abort_in_every_state_frees_slot_and_cache(bundle):
+def test_abort_in_every_state_between_ticks_frees_slot_and_cache(bundle):
+    # Aborts are applied between ticks, so a sequence is aborted from waiting, parked or
+    # decoding; one whose chunk is running is aborted after it (the next test).
     engine, got = make_engine(bundle, "baseline", parallel=2), Collector()
+    expected = {"stream": DECODING, "long": PARKED, "queued": WAITING}
     try:
-        submit(engine, got, "decoding", prompt(4, 1), max_tokens=10_000)
-        wait_until(lambda: len(got.tokens("decoding")) >= 3)
-        submit(engine, got, "parked", prompt(3 * CHUNK, 2), max_tokens=4)  # baseline parks it
-        submit(engine, got, "waiting", prompt(4, 3), max_tokens=4)  # no slot left
-        wait_until(lambda: {s["state"] for s in engine.snapshot()["sequences"]}
-                   == {"decoding", "parked_prefill", "waiting"})
-        for rid in ("waiting", "parked", "decoding"):
+        submit(engine, got, "stream", prompt(4, 1), max_tokens=10_000)
+        wait_until(lambda: len(got.tokens("stream")) >= 3)
+        submit(engine, got, "long", prompt(3 * CHUNK, 2), max_tokens=4)  # baseline parks it
+        submit(engine, got, "queued", prompt(4, 3), max_tokens=4)  # no slot left
+        wait_until(lambda: {s["request_id"]: s["state"] for s in engine.snapshot()["sequences"]}
+                   == expected)
+        seq_of = {s["request_id"]: s["seq"] for s in engine.snapshot()["sequences"]}
+        for rid in ("queued", "long", "stream"):
             engine.abort(rid)
             got.wait(rid)
             assert got.last(rid).finish_reason == "abort"
@@ -96,22 +119,33 @@ def test_abort_in_every_state_frees_slot_and_cache(bundle):
         assert engine.executor.num_sequences == 0
     finally:
         engine.stop()
-    states = {(e["seq"], e["to"]) for e in engine.trace.events() if e["trigger"] == "abort"}
-    assert len(states) == 3
+    aborted_from = {e["seq"]: e["from"] for e in engine.trace.events() if e["trigger"] == ABORT}
+    assert aborted_from == {seq_of[rid]: state for rid, state in expected.items()}
+    assert engine.admission.kv_tokens == 0 and engine.admission.num_queued == 0
 
 
-def test_abort_mid_prefill_stops_the_work(bundle):
+def test_abort_mid_prefill_stops_after_the_running_chunk(bundle, monkeypatch):
     engine, got = make_engine(bundle, "prefill_priority", parallel=1), Collector()
+    chunk = hold(monkeypatch, engine.executor, "prefill")  # the engine thread waits in chunk 1
     try:
         submit(engine, got, "big", prompt(40 * CHUNK, 4), max_tokens=4)
-        wait_until(lambda: any(e["trigger"] == "chunk_done" for e in engine.trace.events()))
+        chunk.wait_entered()
+        assert [s["state"] for s in engine.snapshot()["sequences"]] == [PREFILLING]
         engine.abort("big")
+    finally:
+        chunk.open()
+    try:
         got.wait("big")
         wait_until(lambda: engine.executor.num_sequences == 0)
-        chunks = sum(e["trigger"] == "chunk_done" for e in engine.trace.events())
     finally:
         engine.stop()
-    assert got.last("big").finish_reason == "abort" and chunks < 40
+    assert got.last("big").finish_reason == "abort" and not got.tokens("big")
+    events = engine.trace.events()
+    [done] = [e for e in events if e["trigger"] == CHUNK_DONE]
+    [abort] = [e for e in events if e["trigger"] == ABORT]
+    assert done["to"] == PARKED, "the chunk that was running completed"
+    assert (abort["from"], abort["tick"]) == (PARKED, done["tick"] + 1), "no chunk after it"
+    assert not [e for e in events if e["tick"] > abort["tick"]]
 
 
 def test_many_sequences_leave_no_memory_behind(bundle):
@@ -172,9 +206,10 @@ def test_trace_holds_only_declared_transitions(bundle):
         got.wait(*(f"r{i}" for i in range(5)))
     finally:
         engine.stop()
-    edges = {(e.source, e.trigger, e.dest) for e in load_lifecycle().edges}
+    lifecycle = load_lifecycle()
+    edges = {(e.source, e.trigger, e.dest) for e in lifecycle.edges}
     events = engine.trace.events()
-    assert {e["trigger"] for e in events} >= {"admit", "grant", "chunk_done", "finish"}
+    assert {e["trigger"] for e in events} == {e.trigger for e in lifecycle.edges}, "each fired"
     assert all((e["from"], e["trigger"], e["to"]) in edges for e in events)
 
 
@@ -214,20 +249,24 @@ def test_kv_budget_and_queue_bound_refuse_at_once(bundle):
     try:
         with pytest.raises(ValueError, match="whole budget"):
             submit(engine, got, "huge", prompt(290, 0), max_tokens=20)
-        submit(engine, got, "a", prompt(100, 1), max_tokens=100)  # 200 of 300 KV tokens
-        wait_until(lambda: got.tokens("a"))  # "a" holds the only slot; nothing is queued
+        # "a" holds the only slot (200 of 300 KV tokens) until it is aborted below.
+        submit(engine, got, "a", prompt(10, 1), max_tokens=190)
+        wait_until(lambda: got.tokens("a"))
         with pytest.raises(EngineFull, match="KV tokens"):
             submit(engine, got, "b", prompt(100, 2), max_tokens=100)
         submit(engine, got, "c", prompt(10, 3), max_tokens=20)  # queued: 230 of 300
         with pytest.raises(EngineFull, match="already waiting"):
             submit(engine, got, "d", prompt(10, 4), max_tokens=20)
+        assert not got.finished("a"), "the refusals came while the slot was held"
+        engine.abort("a")
         got.wait("a", "c")
         wait_until(lambda: engine.admission.kv_tokens == 0)
         submit(engine, got, "e", prompt(100, 5), max_tokens=100)  # the budget is free again
         got.wait("e")
     finally:
         engine.stop()
-    assert [got.last(r).finish_reason for r in "ace"] == ["length"] * 3
+    assert [got.last(r).finish_reason for r in "ace"] == ["abort", "length", "length"]
+    assert len(got.tokens("c")) == 20 and len(got.tokens("e")) == 100
     assert engine.admission.num_queued == 0
 
 

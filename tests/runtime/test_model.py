@@ -19,6 +19,10 @@ PRINTABLE = set(range(32, 127))
 BOS, EOS = 256, 257
 
 
+def _config(path: Path) -> dict:
+    return dict(json.loads((path / "config.json").read_text()))
+
+
 def _random_prompts(num: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     prompts = []
@@ -42,7 +46,7 @@ def test_make_builtin_model_is_idempotent_and_content_addressed(tmp_path: Path) 
 
 
 def test_make_builtin_model_writes_an_ordinary_mlx_lm_directory(bundle: ModelBundle) -> None:
-    config = json.loads((bundle.path / "config.json").read_text())
+    config = _config(bundle.path)
     assert config["model_type"] == "llama"
     assert config["max_position_embeddings"] >= 16384
     assert config["tie_word_embeddings"] is False
@@ -62,12 +66,13 @@ def test_concurrent_builders_agree(tmp_path: Path) -> None:
     with ctx.Pool(3) as pool:
         paths = pool.map(_build_in, [str(tmp_path)] * 3)
     assert len(set(paths)) == 1
-    assert load_model(paths[0]).context_length == 32768
+    loaded = load_model(paths[0])
+    assert loaded.context_length == _config(loaded.path)["max_position_embeddings"]
     assert [p.name for p in tmp_path.iterdir()] == [Path(paths[0]).name]
 
 
 def test_load_model_fields(bundle: ModelBundle) -> None:
-    assert bundle.context_length == 32768
+    assert bundle.context_length == _config(bundle.path)["max_position_embeddings"]
     assert bundle.eos_token_ids == frozenset({EOS})
     assert bundle.bos_token_id == BOS
     assert bundle.name == bundle.path.name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from server.trace_png import STATE_COLOURS
 from tests.e2e.conftest import LiveServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +40,39 @@ def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:16]
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
+    """What a `fairtick trace --png` picture shows: its lanes, top to bottom, each as the states
+    its bars show from left to right (repeats merged: grid lines cut a bar in pieces), read back
+    by colour through the legend's key. The legend (the one band that holds every state's
+    colour) is not a lane; text and axis lines are told from bars by their size."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    rgb = (mpimg.imread(str(path))[..., :3] * 255).round().astype(int)
+    masks = {state: np.all(rgb == [int(colour[i:i + 2], 16) for i in (1, 3, 5)], axis=-1)
+             for state, colour in STATE_COLOURS.items()}
+    coloured = np.any(np.stack(list(masks.values())), axis=0).any(axis=1)
+    bands: list[list[int]] = []
+    for row in np.flatnonzero(coloured):
+        if bands and row == bands[-1][1] + 1:
+            bands[-1][1] = row
+        else:
+            bands.append([row, row])
+    lanes = []
+    for top, bottom in bands:
+        if bottom - top + 1 < min_run_px:
+            continue
+        middle, states = (top + bottom) // 2, []
+        for state, mask in masks.items():
+            row = np.concatenate([[0], mask[middle].astype(int), [0]])
+            starts, ends = np.flatnonzero(np.diff(row) == 1), np.flatnonzero(np.diff(row) == -1)
+            states += [(int(x), state) for x, end in zip(starts, ends, strict=True)
+                       if end - x >= min_run_px]
+        ordered = [state for _, state in sorted(states)]
+        if ordered:
+            lanes.append([s for i, s in enumerate(ordered) if i == 0 or ordered[i - 1] != s])
+    legend = [lane for lane in lanes if set(lane) == set(STATE_COLOURS)]
+    assert len(legend) == 1, f"no legend (or two) in {path}: {lanes}"
+    return [lane for lane in lanes if lane is not legend[0]]

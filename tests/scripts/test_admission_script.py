@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
+from tests.lifecycle_names import CHUNK_DONE
 from tests.scripts.conftest import SMALL, run_script
+from tests.server.http_helpers import get
 
 SCRIPT = "bench_mixed_step_admission.py"
 
@@ -19,12 +22,21 @@ def test_small_run_prints_the_table(mixed_server):
         assert row in out, out
 
 
+def trace(url: str) -> list[dict]:
+    return [json.loads(line) for line in get(url, "/debug/trace").body.decode().splitlines()]
+
+
 def test_json_reports_counters_that_fit_the_policy(mixed_server):
+    before = len(trace(mixed_server.url))
     done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL, "--streams", "2", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["comparable"] and report["policy"] == "mixed_step"
-    assert report["prompt_chunks"] == report["prompt_chunks_while_streams_live"] == 13
+    # The prompt (measured alone, then admitted) is the sequence with the most chunks.
+    chunks = Counter(e["seq"] for e in trace(mixed_server.url)[before:]
+                     if e["trigger"] == CHUNK_DONE)
+    assert report["prompt_chunks"] == report["prompt_chunks_while_streams_live"] == max(
+        chunks.values())
     assert report["counters"]["fairtick_mixed_steps_total"] >= 1
     assert report["ttft_s"] > 0 and report["ttft_alone_s"] > 0
     assert len(report["quiet"]) == len(report["admission"]) == 2
@@ -33,7 +45,7 @@ def test_json_reports_counters_that_fit_the_policy(mixed_server):
 
 
 def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
-    short = [*SMALL, "--stream-tokens", "20"]  # 20 tokens end long before half a second
+    short = [*SMALL, "--stream-tokens", "3"]  # 3 ticks: over long before the half-second settle
     done = run_script(SCRIPT, "--url", mixed_server.url, *short)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.startswith("NOT COMPARABLE: "), done.stdout

@@ -10,6 +10,18 @@ import pytest
 from benchlib.attribution import NotComparable, check_attribution, policy_actions
 from benchlib.windows import Window, gaps_in, percentile
 
+from tests.lifecycle_names import (
+    ADMIT,
+    CHUNK_DONE,
+    DECODING,
+    FINISH,
+    FINISHED,
+    GRANT,
+    PARKED,
+    PREFILLING,
+    WAITING,
+)
+
 CFG = SimpleNamespace(min_quiet_gaps=2)
 T_ADMIT, T_FIRST = 10.0, 20.0
 
@@ -23,11 +35,11 @@ def event(tick, seq, src, dst, trigger, rule):
 
 
 def make_run(stream_end_tick, chunk_ticks, rule, stream_times):
-    trace = [event(100, 2, "waiting", "parked_prefill", "admit", "admit")]
+    trace = [event(100, 2, WAITING, PARKED, ADMIT, "admit")]
     for tick in chunk_ticks:
-        trace += [event(tick, 2, "parked_prefill", "prefilling", "grant", rule),
-                  event(tick, 2, "prefilling", "parked_prefill", "chunk_done", rule)]
-    trace += [event(stream_end_tick, s, "decoding", "finished", "finish", "decode")
+        trace += [event(tick, 2, PARKED, PREFILLING, GRANT, rule),
+                  event(tick, 2, PREFILLING, PARKED, CHUNK_DONE, rule)]
+    trace += [event(stream_end_tick, s, DECODING, FINISHED, FINISH, "decode")
               for s in (0, 1)]
     return SimpleNamespace(streams=[stream(stream_times), stream(stream_times)],
                            prompt=SimpleNamespace(error=None, done=True), t_admit=T_ADMIT,

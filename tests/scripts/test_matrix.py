@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.scripts.conftest import SMALL, png_size, run_script
 
 
@@ -13,5 +15,10 @@ def test_one_arm_one_run_writes_table_json_and_plot(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("| mix |"))
     assert row.endswith("| 1/1 | 1 ok |"), row
     assert "| arm | TTFT s |" in done.stdout
-    assert png_size(tmp_path / "admission.png") == (800, 600)
-    assert (tmp_path / "serve-mix.log").exists() and (tmp_path / "admission.json").exists()
+    [arm] = json.loads((tmp_path / "admission.json").read_text())
+    assert (arm["label"], arm["policy"], arm["refused"]) == ("mix", "mixed_step", [])
+    [result] = arm["results"]
+    assert result["policy"] == "mixed_step" and result["ttft_s"] > 0
+    width, height = png_size(tmp_path / "admission.png")  # a PNG, whatever its size
+    assert width > 0 and height > 0
+    assert "Server Stopped" in (tmp_path / "serve-mix.log").read_text(), "the arm's server log"

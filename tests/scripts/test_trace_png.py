@@ -1,14 +1,40 @@
 """`fairtick trace --png`: the trace picture, from a real server and from `fairtick check`
-output."""
+output. The pictures are read back (tests/scripts/conftest.py `png_lanes`): one lane per
+sequence, top to bottom in sequence order, its bars in the order of the states it went through.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 
 from server.cli import main as fairtick
-from server.trace_png import Span, figure_size_px, lane_spans
-from tests.scripts.conftest import png_size
+from server.trace_png import MAX_LANES, Span, lane_spans
+from tests.lifecycle_names import (
+    ADMIT,
+    CHUNK_DONE,
+    DECODING,
+    FINISH,
+    FINISHED,
+    GRANT,
+    PARKED,
+    PREFILLING,
+    WAITING,
+)
+from tests.scripts.conftest import png_lanes, png_size
 from tests.server.http_helpers import get, post
+
+
+def wrote(out: str) -> tuple[int, int]:
+    """The size `fairtick trace --png` says it wrote."""
+    match = re.search(r"wrote \S+ \((\d+)x(\d+), \d+ events\)", out)
+    assert match, out
+    return int(match[1]), int(match[2])
+
+
+def merged(states: list[str]) -> list[str]:
+    """Back-to-back spans of one state are one bar in the picture."""
+    return [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
 
 
 def test_png_of_a_real_trace(mixed_server, tmp_path, capsys):
@@ -19,8 +45,13 @@ def test_png_of_a_real_trace(mixed_server, tmp_path, capsys):
     trace = [json.loads(line) for line in text.splitlines()]
     png = tmp_path / "trace.png"
     assert fairtick(["trace", "--url", mixed_server.url, "--png", str(png)]) == 0
-    assert png_size(png) == figure_size_px(len({e["seq"] for e in trace}))
-    assert f"wrote {png}" in capsys.readouterr().out
+    assert wrote(capsys.readouterr().out) == png_size(png)
+    seqs = sorted({e["seq"] for e in trace})
+    assert len(seqs) == 2
+    expected = [merged([s.state for s in lane_spans(trace) if s.seq == seq]) for seq in seqs]
+    assert png_lanes(png) == expected
+    for lane in expected:  # each ran its chunks, decoded and finished
+        assert lane[-3:] == [PREFILLING, DECODING, FINISHED], lane
 
 
 def test_png_of_a_check_counterexample(tmp_path):
@@ -28,23 +59,35 @@ def test_png_of_a_check_counterexample(tmp_path):
     lines = ["-- counterexample for no_starvation: seq 1 parked", "     1. seq 0 arrives",
              "     3. tick 0: prefill (rule prefill_when_idle) granted [0]",
              "     9. tick 7: decode (rule decode_first)", "   trace (JSON lines):"]
-    events = [(0, "waiting", "parked_prefill", "admit", 0), (0, "waiting", "parked_prefill",
-              "admit", 1), (0, "parked_prefill", "prefilling", "grant", 0),
-              (0, "prefilling", "decoding", "chunk_done", 0)]
+    events = [(0, WAITING, PARKED, ADMIT, 0), (0, WAITING, PARKED, ADMIT, 1),
+              (0, PARKED, PREFILLING, GRANT, 0), (0, PREFILLING, DECODING, CHUNK_DONE, 0)]
     lines += ["   " + json.dumps({"tick": t, "time": None, "seq": s, "from": a, "to": b,
                                   "trigger": trig, "rule": "r"}) for t, a, b, trig, s in events]
     source = tmp_path / "check.txt"
     source.write_text("\n".join(lines) + "\n")
     png = tmp_path / "check.png"
     assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
-    assert png_size(png) == figure_size_px(2)
+    # seq 0 was granted its only chunk in tick 0 and decodes from tick 1; seq 1 stays parked.
+    assert png_lanes(png) == [[PREFILLING, DECODING], [PARKED]]
+
+
+def test_png_draws_the_most_recent_sequences_when_there_are_too_many(tmp_path):
+    num = MAX_LANES + 3
+    events = [{"tick": seq, "seq": seq, "to": PARKED if seq % 2 else DECODING, "trigger": ADMIT}
+              for seq in range(num)]
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps(e) + "\n" for e in events))
+    png = tmp_path / "many.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
+    shown = range(num - MAX_LANES, num)  # the last MAX_LANES sequences, first one on top
+    assert png_lanes(png) == [[PARKED if seq % 2 else DECODING] for seq in shown]
 
 
 def test_lanes_follow_tick_semantics():
-    events = [{"tick": 3, "seq": 7, "to": "parked_prefill", "trigger": "admit"},
-              {"tick": 5, "seq": 7, "to": "prefilling", "trigger": "grant"},
-              {"tick": 5, "seq": 7, "to": "decoding", "trigger": "chunk_done"},
-              {"tick": 9, "seq": 7, "to": "finished", "trigger": "finish"}]
+    events = [{"tick": 3, "seq": 7, "to": PARKED, "trigger": ADMIT},
+              {"tick": 5, "seq": 7, "to": PREFILLING, "trigger": GRANT},
+              {"tick": 5, "seq": 7, "to": DECODING, "trigger": CHUNK_DONE},
+              {"tick": 9, "seq": 7, "to": FINISHED, "trigger": FINISH}]
     assert lane_spans(events, end_tick=20) == [
-        Span(7, "parked_prefill", 3, 5), Span(7, "prefilling", 5, 6),
-        Span(7, "decoding", 6, 10), Span(7, "finished", 10, 11)]
+        Span(7, PARKED, 3, 5), Span(7, PREFILLING, 5, 6),
+        Span(7, DECODING, 6, 10), Span(7, FINISHED, 10, 11)]

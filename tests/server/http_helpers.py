@@ -80,3 +80,17 @@ class OpenStream:
         """Close the socket without reading the rest, as a client that goes away does."""
         self.response.close()
         self.conn.close()
+
+
+class SentRequest:
+    """A POST sent on its own connection whose answer is never read: `drop()` closes the
+    connection, as a client that gives up waiting for a whole body does."""
+
+    def __init__(self, base_url: str, path: str, body: dict[str, Any]) -> None:
+        url = urllib.parse.urlparse(base_url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        self.conn.request("POST", path, body=json.dumps(body).encode(),
+                          headers={"Content-Type": "application/json"})
+
+    def drop(self) -> None:
+        self.conn.close()

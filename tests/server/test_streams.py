@@ -14,16 +14,16 @@ from server.streams import EventStream
 
 def test_a_cancellation_racing_an_event_is_not_swallowed(bundle):
     # asyncio.wait_for before Python 3.12 returned the event and dropped the cancellation, so a
-    # disconnected client's whole-body request ran to its end.
-    engine = Engine(EngineConfig(), bundle)  # not started: only abort() is called on it
+    # disconnected client's whole-body request ran to its end (with it, this test times out).
+    # Not started: the stream is cancelled long before it would ask whether the engine is alive.
+    engine = Engine(EngineConfig(), bundle)
 
-    async def scenario() -> list[TokenEvent]:
+    async def scenario() -> None:
         stream = EventStream(engine, GenerationRequest("r1", (1, 2)))
-        seen: list[TokenEvent] = []
 
         async def consume() -> None:
-            async for event in stream.events():
-                seen.append(event)
+            async for _ in stream.events():
+                pass
 
         task = asyncio.create_task(consume())
         await asyncio.sleep(0)  # the consumer now waits on the queue
@@ -32,6 +32,6 @@ def test_a_cancellation_racing_an_event_is_not_swallowed(bundle):
         task.cancel()  # ... together with the cancellation
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(task), 5)
-        return seen
+        assert task.cancelled()
 
-    assert len(asyncio.run(scenario())) <= 1
+    asyncio.run(scenario())

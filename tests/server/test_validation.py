@@ -1,37 +1,54 @@
-"""Field validation without an engine: every error has a status, a param and a message."""
+"""Field validation without an engine, with the built-in model's real tokenizer and vocabulary:
+every error has a status, a param and a message."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 
+from runtime.model import load_model
+from server.app import model_limits
 from server.errors import ApiError
-from server.prompts import simple_chat_template
+from server.prompts import TokenizerEncoder
 from server.validation import (
     MAX_STOP_SEQUENCES,
     ModelLimits,
     validate_request,
 )
 
-LIMITS = ModelLimits(name="tiny", context_length=64, vocab_size=258)
+# The model's context is cut short so that its edges are reached with small prompts.
+CONTEXT = 64
 
 
-class ByteEncoder:
-    """One token per UTF-8 byte, like the built-in model's tokenizer (without BOS)."""
+@functools.cache
+def model() -> tuple[ModelLimits, TokenizerEncoder]:
+    """The built-in model's limits (with a CONTEXT-token context) and its real tokenizer, the
+    pair the server validates with."""
+    bundle = load_model(None)
+    limits = dataclasses.replace(model_limits(bundle), context_length=CONTEXT)
+    return limits, TokenizerEncoder(bundle.tokenizer)
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return list(prompt.encode())
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(simple_chat_template(messages).encode())
+def limits() -> ModelLimits:
+    return model()[0]
+
+
+def encoder() -> TokenizerEncoder:
+    return model()[1]
+
+
+def validate(kind, body, encoder_=None):
+    return validate_request(kind, body, limits(), encoder_ or encoder())
 
 
 def completion(**fields):
-    return validate_request("completion", {"prompt": "hi", **fields}, LIMITS, ByteEncoder())
+    return validate("completion", {"prompt": "hi", **fields})
 
 
 def chat(**fields):
-    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
-    return validate_request("chat", body, LIMITS, ByteEncoder())
+    return validate("chat", {"messages": [{"role": "user", "content": "hi"}], **fields})
 
 
 def expect(call, *args, status=400, param=None, match="", **kwargs) -> ApiError:
@@ -51,20 +68,21 @@ def expect(call, *args, status=400, param=None, match="", **kwargs) -> ApiError:
 
 def test_defaults_are_greedy_and_16_tokens_for_completions():
     valid = completion()
-    assert valid.prompt_tokens == tuple(b"hi")
+    assert valid.prompt_tokens == tuple(encoder().encode_prompt("hi"))
     assert valid.sampling.temperature == 0.0 and valid.sampling.max_tokens == 16
     assert not valid.stream and not valid.include_usage
 
 
 def test_chat_defaults_to_the_rest_of_the_context():
     valid = chat()
-    assert valid.sampling.max_tokens == LIMITS.context_length - len(valid.prompt_tokens)
+    assert valid.prompt_tokens == tuple(encoder().encode_chat([{"role": "user", "content": "hi"}]))
+    assert valid.sampling.max_tokens == CONTEXT - len(valid.prompt_tokens)
 
 
 def test_supported_fields_reach_sampling_params():
     valid = completion(temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=8, min_tokens=2,
                        stop=["a", "b"], ignore_eos=True, stream=True,
-                       stream_options={"include_usage": True}, n=1, user="me", model="tiny")
+                       stream_options={"include_usage": True}, n=1, user="me", model=limits().name)
     s = valid.sampling
     assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.7, 0.9, 5, 3)
     assert (s.max_tokens, s.min_tokens, s.stop, s.ignore_eos) == (8, 2, ("a", "b"), True)
@@ -98,12 +116,13 @@ def test_top_p_range(value):
 def test_top_k():
     expect(completion, top_k=-2, param="top_k", match="integer")
     assert completion(top_k=-1).sampling.top_k == 0
-    assert completion(top_k=10**6).sampling.top_k == LIMITS.vocab_size
+    assert completion(top_k=10**6).sampling.top_k == limits().vocab_size
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, 1e30, "16", True, LIMITS.context_length + 1])
+@pytest.mark.parametrize("value", [0, -1, 1.5, 1e30, "16", True, CONTEXT + 1])
 def test_max_tokens_range(value):
-    expect(completion, max_tokens=value, param="max_tokens", match="integer from 1 to 64")
+    expect(completion, max_tokens=value, param="max_tokens",
+           match=f"integer from 1 to {CONTEXT}")
 
 
 def test_max_completion_tokens_for_chat():
@@ -111,19 +130,31 @@ def test_max_completion_tokens_for_chat():
     expect(chat, max_completion_tokens=0, param="max_completion_tokens")
 
 
-def test_prompt_plus_max_tokens_over_the_context():
-    err = expect(completion, prompt="x" * 60, max_tokens=10, param="max_tokens",
-                 match="maximum context length is 64")
+def test_prompt_plus_max_tokens_fill_the_context_and_no_more():
+    prompt = [65] * (CONTEXT - 3)  # token ids: exactly CONTEXT - 3 tokens
+    assert completion(prompt=prompt, max_tokens=3).sampling.max_tokens == 3
+    err = expect(completion, prompt=prompt, max_tokens=4, param="max_tokens",
+                 match=f"maximum context length is {CONTEXT}")
+    assert err.code == "context_length_exceeded"
+    assert completion(prompt=prompt).sampling.max_tokens == 3, "the default fits the room left"
+
+
+def test_a_prompt_needs_room_for_one_token():
+    assert completion(prompt=[65] * (CONTEXT - 1)).sampling.max_tokens == 1
+    err = expect(completion, prompt=[65] * CONTEXT, param="prompt", match="maximum context length")
     assert err.code == "context_length_exceeded"
 
 
-def test_prompt_longer_than_the_context():
-    err = expect(completion, prompt="x" * 64, param="prompt", match="maximum context length")
-    assert err.code == "context_length_exceeded"
+def test_a_text_prompt_is_measured_in_the_tokenizers_tokens():
+    # The tokenizer adds BOS: the text that fills the context is one character shorter.
+    text = "x" * (CONTEXT - 1)
+    assert len(encoder().encode_prompt(text)) == CONTEXT
+    expect(completion, prompt=text, param="prompt", match="maximum context length")
+    assert completion(prompt=text[1:]).sampling.max_tokens == 1
 
 
 def test_chat_longer_than_the_context():
-    expect(chat, messages=[{"role": "user", "content": "x" * 64}], param="messages",
+    expect(chat, messages=[{"role": "user", "content": "x" * CONTEXT}], param="messages",
            match="maximum context length")
 
 
@@ -168,18 +199,22 @@ def test_logprobs_are_not_supported():
     expect(completion, logprobs=1, param="logprobs", match="not supported")
     expect(chat, logprobs=True, param="logprobs", match="not supported")
     expect(chat, top_logprobs=2, param="top_logprobs")
-    assert chat(logprobs=False, top_logprobs=0)
+    assert chat(logprobs=False, top_logprobs=0) == chat(), "the defaults are accepted"
 
 
 def test_logit_bias_is_not_supported():
     err = expect(completion, logit_bias={"5": 10}, param="logit_bias", match="not supported")
     assert err.code == "unsupported_parameter"
     expect(completion, logit_bias=[1], param="logit_bias", match="object")
-    assert completion(logit_bias={}) and completion(logit_bias=None)
+    assert completion(logit_bias={}) == completion(logit_bias=None) == completion()
 
 
-@pytest.mark.parametrize("key", ["258", "-1", "999999", "x", "1.5", "", "\u0663", "9" * 5000])
+VOCAB_SIZE = "the vocabulary size"  # the first id past the vocabulary, read from the model
+
+
+@pytest.mark.parametrize("key", [VOCAB_SIZE, "-1", "999999", "x", "1.5", "", "\u0663", "9" * 5000])
 def test_logit_bias_keys_must_be_inside_the_vocabulary(key):
+    key = str(limits().vocab_size) if key == VOCAB_SIZE else key
     expect(completion, logit_bias={key: 1}, param="logit_bias", match="inside the vocabulary")
 
 
@@ -202,7 +237,9 @@ def test_other_unsupported_completion_fields(field, value):
 def test_unsupported_chat_fields():
     expect(chat, tools=[{"type": "function"}], param="tools")
     expect(chat, response_format={"type": "json_object"}, param="response_format")
-    assert chat(tools=[], response_format={"type": "text"}, tool_choice="none", store=False)
+    defaults = {"tools": [], "response_format": {"type": "text"}, "tool_choice": "none",
+                "store": False}
+    assert chat(**defaults) == chat(), "the defaults are accepted"
 
 
 def test_user_must_be_a_string():
@@ -211,30 +248,31 @@ def test_user_must_be_a_string():
 
 # --- prompts and messages ---------------------------------------------------------------------
 
-def test_prompt_as_token_ids():
+def test_prompt_as_token_ids_or_a_batch_of_one():
     assert completion(prompt=[1, 2, 3]).prompt_tokens == (1, 2, 3)
     assert completion(prompt=[[4, 5]]).prompt_tokens == (4, 5)
-    assert completion(prompt=["ab"]).prompt_tokens == tuple(b"ab")
+    assert completion(prompt=["ab"]).prompt_tokens == tuple(encoder().encode_prompt("ab"))
 
 
 def test_prompt_token_ids_outside_the_vocab():
-    expect(completion, prompt=[1, 258], param="prompt", match="outside the vocabulary")
+    last = limits().vocab_size - 1
+    assert completion(prompt=[0, last]).prompt_tokens == (0, last)
+    expect(completion, prompt=[1, last + 1], param="prompt", match="outside the vocabulary")
     expect(completion, prompt=[-1], param="prompt", match="outside the vocabulary")
 
 
 def test_prompt_shapes():
-    expect(validate_request, "completion", {}, LIMITS, ByteEncoder(), param="prompt",
-           match="required")
+    expect(validate, "completion", {}, param="prompt", match="required")
     expect(completion, prompt=5, param="prompt", match="string or a list of token ids")
     expect(completion, prompt=[1, "a"], param="prompt")
     expect(completion, prompt=["a", "b"], param="prompt", match="batched")
-    expect(completion, prompt="", param="prompt", match="must not be empty")
-    expect(completion, prompt=[], param="prompt", match="must not be empty")
+    # The tokenizer turns "" into [BOS]: an empty prompt is refused before it is tokenized.
+    for empty in ("", [], [""], [[]]):
+        expect(completion, prompt=empty, param="prompt", match="must not be empty")
 
 
 def test_message_shapes():
-    expect(validate_request, "chat", {}, LIMITS, ByteEncoder(), param="messages",
-           match="required")
+    expect(validate, "chat", {}, param="messages", match="required")
     expect(chat, messages=[], param="messages", match="non-empty")
     expect(chat, messages="hi", param="messages")
     expect(chat, messages=["hi"], param="messages[0]")
@@ -247,15 +285,15 @@ def test_message_shapes():
 def test_text_parts_are_joined():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     valid = chat(messages=[{"role": "developer", "content": parts}])
-    assert valid.prompt_tokens == tuple(simple_chat_template(
-        [{"role": "system", "content": "ab"}]).encode())
+    system = chat(messages=[{"role": "system", "content": "ab"}])
+    assert valid.prompt_tokens == system.prompt_tokens
 
 
 def test_a_failing_chat_template_is_a_400():
-    class Broken(ByteEncoder):
-        def encode_chat(self, messages):
-            raise RuntimeError("roles must alternate")
-
+    # Many models' templates refuse content they do not expect (raise_exception in Jinja); the
+    # built-in one accepts everything, so a fresh copy of its tokenizer gets such a template.
+    tokenizer = load_model(None).tokenizer
+    tokenizer._tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     body = {"messages": [{"role": "user", "content": "hi"}]}
-    expect(validate_request, "chat", body, LIMITS, Broken(), param="messages",
+    expect(validate, "chat", body, TokenizerEncoder(tokenizer), param="messages",
            match="roles must alternate")

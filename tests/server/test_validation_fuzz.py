@@ -1,6 +1,7 @@
 """Validation never crashes: any JSON body is a ValidRequest or a 4xx ApiError naming a reason;
-any bytes are a JSON object or a 4xx. Hypothesis generates the bodies (no engine, no HTTP).
-Strings that UTF-8 cannot carry (lone surrogates) stop at `parse_body`, so bodies here have none."""
+any bytes are a JSON object or a 4xx. Hypothesis generates the bodies (no engine, no HTTP); the
+prompts are tokenized by the built-in model's real tokenizer. Strings that UTF-8 cannot carry
+(lone surrogates) stop at `parse_body`, so bodies here have none."""
 
 from __future__ import annotations
 
@@ -11,19 +12,26 @@ from hypothesis import strategies as st
 
 from server.errors import ApiError
 from server.validation import _FIELDS, parse_body, validate_request
-from tests.server.test_validation import LIMITS, ByteEncoder
+from tests.server.test_validation import CONTEXT, encoder, limits
 
 FIELD_NAMES = sorted(_FIELDS["completion"] | _FIELDS["chat"]) + ["wat"]
-EDGES = [0, 1, -1, 2**31, 2**63, 2**64, 10**400, -(10**400), 1e30, -0.0, 1e-320, "", [], {},
-         float("nan"), float("inf"), "\x00", LIMITS.vocab_size]
+EDGE_VALUES = [0, 1, -1, 2**31, 2**63, 2**64, 10**400, -(10**400), 1e30, -0.0, 1e-320, "", [], {},
+               float("nan"), float("inf"), "\x00", CONTEXT, CONTEXT + 1]
+# The first token id past the vocabulary, read from the model when first drawn.
+EDGES = st.sampled_from(EDGE_VALUES) | st.deferred(lambda: st.just(limits().vocab_size))
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
-                   st.sampled_from(EDGES))
+                   EDGES)
 KEYS = st.one_of(st.text(max_size=6),
                  st.sampled_from(["role", "content", "type", "text", "include_usage", "5"]))
 VALUES = st.recursive(LEAVES, lambda children: st.one_of(
     st.lists(children, max_size=4), st.dictionaries(KEYS, children, max_size=4)), max_leaves=10)
 SETTINGS = settings(max_examples=300, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck))
+
+
+def test_failures_print_a_replay_blob():
+    # tests/conftest.py loads the profile before this module builds SETTINGS from it.
+    assert SETTINGS.print_blob
 
 
 def check_api_error(exc: ApiError) -> None:
@@ -42,23 +50,24 @@ def test_any_body_is_valid_or_a_4xx(kind, body, base):
         body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], **body}
         body.pop("messages" if kind == "completion" else "prompt")
     try:
-        valid = validate_request(kind, body, LIMITS, ByteEncoder())
+        valid = validate_request(kind, body, limits(), encoder())
     except ApiError as exc:
         check_api_error(exc)
         return
-    assert len(valid.prompt_tokens) + valid.sampling.max_tokens <= LIMITS.context_length
+    assert valid.prompt_tokens and all(0 <= t < limits().vocab_size for t in valid.prompt_tokens)
+    assert len(valid.prompt_tokens) + valid.sampling.max_tokens <= CONTEXT
     valid.sampling.validate()
 
 
 @SETTINGS
 @given(kind=st.sampled_from(["completion", "chat"]), field=st.sampled_from(FIELD_NAMES),
-       value=st.one_of(st.sampled_from(EDGES), VALUES))
+       value=st.one_of(EDGES, VALUES))
 def test_one_bad_field_in_a_good_body_is_a_4xx_naming_it(kind, field, value):
     body = {"prompt": "hi"} if kind == "completion" else {
         "messages": [{"role": "user", "content": "hi"}]}
     body = {**body, "max_tokens": 4, field: value}
     try:
-        validate_request(kind, body, LIMITS, ByteEncoder())
+        validate_request(kind, body, limits(), encoder())
     except ApiError as exc:
         check_api_error(exc)
         if field in _FIELDS[kind] and exc.status == 400:
