@@ -53,6 +53,8 @@ class BlasInfo:
     config: str  # the library's own description (OpenBLAS: version, kernels, threads)
     reason: str  # why this one: the setting, or why the optimized one could not be had
     unavailable: bool = False  # 'auto' found no way to the optimized BLAS on this machine
+    # The file loaded in front of MLX's BLAS: LD_PRELOAD it to give another MLX program the same.
+    preload: Path | None = None
 
     @property
     def optimized(self) -> bool:
@@ -101,10 +103,11 @@ def _load(setting: str) -> BlasInfo:
     try:
         if setting == "auto":
             library = _scipy_openblas_path()
-            handle = ctypes.CDLL(str(_shim_for(library)), mode=ctypes.RTLD_GLOBAL)
+            preload = _shim_for(library)
+            handle = ctypes.CDLL(str(preload), mode=ctypes.RTLD_GLOBAL)
             config, reason = _config(ctypes.CDLL(str(library)), _PREFIX), "default"
         else:
-            library = Path(setting)
+            library = preload = Path(setting)
             handle = ctypes.CDLL(setting, mode=ctypes.RTLD_GLOBAL)
             config, reason = _config(handle, ""), f"{BLAS_ENV}={setting}"
     except BlasUnavailable as exc:
@@ -116,7 +119,7 @@ def _load(setting: str) -> BlasInfo:
     found = ctypes.cast(getattr(ctypes.CDLL(None), PROBE_SYMBOL), ctypes.c_void_p).value
     if found != ctypes.cast(getattr(handle, PROBE_SYMBOL), ctypes.c_void_p).value:
         return BlasInfo(setting, None, "", f"another library's {PROBE_SYMBOL} is found first")
-    return BlasInfo(setting, library, config, reason)
+    return BlasInfo(setting, library, config, reason, preload=preload)
 
 
 def _config(lib: ctypes.CDLL, prefix: str) -> str:

@@ -22,7 +22,7 @@ info = load_blas()
 a = mx.ones((8, 8)); mx.eval(a @ a)
 maps = open("/proc/self/maps").read()
 print(json.dumps({"library": info.library and str(info.library), "reason": info.reason,
-                  "unavailable": info.unavailable,
+                  "unavailable": info.unavailable, "preload": info.preload and str(info.preload),
                   "mapped": bool(info.library) and str(info.library) in maps,
                   "openblas_mapped": "libscipy_openblas" in maps}))
 """
@@ -57,8 +57,7 @@ def test_by_default_libmlx_binds_openblas(tmp_path):
     report, bound = run_report(tmp_path, "auto")
     library = optimized_or_skip(report)
     assert "openblas" in library and report["mapped"], report
-    assert len(bound) == 1 and "blas-shim-" in bound[0], bound
-    assert "mlx_cpu.libs" not in bound[0]
+    assert bound == [report["preload"]] and "blas-shim-" in bound[0], (bound, report)
 
 
 def test_the_test_process_itself_runs_on_the_optimized_blas():
@@ -100,6 +99,15 @@ def test_a_library_path_is_loaded_in_its_place(tmp_path):
     shim = bound[0]  # a library exporting the standard CBLAS names
     report, bound = run_report(tmp_path, shim)
     assert report["library"] == shim and bound == [shim]
+
+
+def test_ld_preload_gives_another_mlx_program_the_same_blas(tmp_path):
+    default, _ = run_report(tmp_path / "default", "auto")
+    optimized_or_skip(default)
+    # mlx first, as mlx_lm.server does: only the preload can reach libmlx then.
+    _, bound = run_report(tmp_path, "reference", first="import mlx.core",
+                          LD_PRELOAD=str(default["preload"]))
+    assert bound == [default["preload"]]
 
 
 def test_a_library_without_the_cblas_names_is_refused(tmp_path):
