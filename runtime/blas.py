@@ -101,25 +101,37 @@ def _load(setting: str) -> BlasInfo:
         return BlasInfo(setting, None, "", "the bundled reference BLAS: mlx was imported "
                         "before runtime; import runtime first")
     try:
-        if setting == "auto":
-            library = _scipy_openblas_path()
-            preload = _shim_for(library)
-            handle = ctypes.CDLL(str(preload), mode=ctypes.RTLD_GLOBAL)
-            config, reason = _config(ctypes.CDLL(str(library)), _PREFIX), "default"
-        else:
-            library = preload = Path(setting)
-            handle = ctypes.CDLL(setting, mode=ctypes.RTLD_GLOBAL)
-            config, reason = _config(handle, ""), f"{BLAS_ENV}={setting}"
+        library, preload, handle, config = _open_auto() if setting == "auto" else _open(setting)
     except BlasUnavailable as exc:
         return BlasInfo(setting, None, "", f"the bundled reference BLAS: {exc}", True)
-    except (OSError, AttributeError) as exc:
-        raise ValueError(f"{BLAS_ENV}: {setting} is not a loadable library exporting "
-                         f"{PROBE_SYMBOL}: {exc}") from exc
+    reason = "default" if setting == "auto" else f"{BLAS_ENV}={setting}"
     # What the dynamic linker now finds first under the standard name is what libmlx binds.
     found = ctypes.cast(getattr(ctypes.CDLL(None), PROBE_SYMBOL), ctypes.c_void_p).value
     if found != ctypes.cast(getattr(handle, PROBE_SYMBOL), ctypes.c_void_p).value:
         return BlasInfo(setting, None, "", f"another library's {PROBE_SYMBOL} is found first")
     return BlasInfo(setting, library, config, reason, preload=preload)
+
+
+def _open_auto() -> tuple[Path, Path, ctypes.CDLL, str]:
+    """(library, shim, the shim's handle, config) of the wheel's OpenBLAS, loaded globally."""
+    try:
+        library = _scipy_openblas_path()
+        shim = _shim_for(library)
+        handle = ctypes.CDLL(str(shim), mode=ctypes.RTLD_GLOBAL)
+        return library, shim, handle, _config(ctypes.CDLL(str(library)), _PREFIX)
+    except (OSError, subprocess.SubprocessError) as exc:  # e.g. an unwritable cache
+        raise BlasUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _open(setting: str) -> tuple[Path, Path, ctypes.CDLL, str]:
+    """The same for a library named by path; ValueError if it is no CBLAS library."""
+    try:
+        handle = ctypes.CDLL(setting, mode=ctypes.RTLD_GLOBAL)
+        getattr(handle, PROBE_SYMBOL)
+    except (OSError, AttributeError) as exc:
+        raise ValueError(f"{BLAS_ENV}: {setting} is not a loadable library exporting "
+                         f"{PROBE_SYMBOL}: {exc}") from exc
+    return Path(setting), Path(setting), handle, _config(handle, "")
 
 
 def _config(lib: ctypes.CDLL, prefix: str) -> str:

@@ -83,13 +83,17 @@ def test_mlx_imported_first_is_reported_not_hidden(tmp_path):
     assert "mlx_cpu.libs/libblas" in bound[0], bound
 
 
-def test_without_a_compiler_it_says_why_and_runs_on_the_reference(tmp_path):
-    fresh_cache = tmp_path / "cache"
-    report, bound = run_report(tmp_path, "auto", CC="/nonexistent/cc",
-                               FAIRTICK_CACHE=str(fresh_cache))
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("CC", "/nonexistent/cc", "no C compiler"),
+    ("FAIRTICK_CACHE", "/proc/no-cache-here", "/proc/no-cache-here"),  # cannot be created
+])
+def test_without_a_way_to_the_shim_it_says_why_and_runs_on_the_reference(tmp_path, name, value,
+                                                                         said):
+    env = {"FAIRTICK_CACHE": str(tmp_path / "fresh-cache"), name: value}
+    report, bound = run_report(tmp_path, "auto", **env)
     if "scipy-openblas32" in str(report["reason"]):
-        pytest.skip(str(report["reason"]))  # no OpenBLAS wheel here: the compiler is not reached
-    assert report["unavailable"] and "no C compiler" in str(report["reason"]), report
+        pytest.skip(str(report["reason"]))  # no OpenBLAS wheel here: the shim is not reached
+    assert report["unavailable"] and said in str(report["reason"]), report
     assert "mlx_cpu.libs/libblas" in bound[0], bound
 
 
