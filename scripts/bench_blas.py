@@ -1,16 +1,17 @@
 """The optimized BLAS against MLX's bundled reference BLAS, side by side in one run.
 
     .venv/bin/python scripts/bench_blas.py [--rounds 2] [--tokens 1,16,64,512]
-        [--contexts 0,8000] [--ttft-prompt-tokens 10000]
+        [--contexts 0,8000] [--ttft-prompt-tokens 10000] [--arms auto,reference]
 
-Each arm is a fresh process with FAIRTICK_BLAS set ('auto' = the optimized BLAS, 'reference'),
-the arms alternated for --rounds rounds (A B, then B A, ...). A child process measures float32
+Each arm is a fresh process with FAIRTICK_BLAS set to one of --arms ('auto' = the optimized
+BLAS, 'reference', or a library's path), the arms' order reversed every round (A B, then B A,
+...). A child process measures float32
 GEMM GFLOP/s (1024^3) and one forward of t prompt tokens through the built-in model against a
 KV cache already holding c tokens (median over repeats, the cache trimmed back after each).
 Then, unless --ttft-prompt-tokens is 0, `fairtick serve --blas ARM` (default flags otherwise)
 is started per arm, alternated the same way, and the time to first token of one prompt of that
-many tokens on the idle server is measured. Prints each arm's median and the reference/optimized
-ratio.
+many tokens on the idle server is measured. Prints each arm's median and, beside each, how
+many times faster than the last arm it is (the reference BLAS by default).
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-ARMS = ("auto", "reference")
-
 
 def child(tokens: list[int], contexts: list[int]) -> dict[str, Any]:
     """Measurements in this process, on the BLAS $FAIRTICK_BLAS names."""
@@ -109,9 +107,19 @@ def ttft_s(arm: str, prompt_tokens: int, log_dir: Path) -> float:
         stop_server(server)
 
 
-def arm_order(round_index: int) -> tuple[str, ...]:
+def arm_order(arms: list[str], round_index: int) -> list[str]:
     """A B, then B A: neither arm always runs first."""
-    return ARMS if round_index % 2 == 0 else ARMS[::-1]
+    return arms if round_index % 2 == 0 else arms[::-1]
+
+
+def print_row(label: str, values: dict[str, float], unit: str, arms: list[str],
+              higher_is_better: bool) -> None:
+    base = values[arms[-1]]
+    cells = []
+    for arm in arms:
+        speedup = values[arm] / base if higher_is_better else base / values[arm]
+        cells.append(f"{values[arm]:>9.{1 if unit != 's' else 2}f}{unit} {speedup:>5.1f}x")
+    print(f"{label:>20} " + " ".join(f"{c:>18}" for c in cells))
 
 
 def main() -> None:
@@ -121,6 +129,8 @@ def main() -> None:
     p.add_argument("--contexts", default="0,8000", help="tokens already in the KV cache")
     p.add_argument("--ttft-prompt-tokens", type=int, default=10000, metavar="N",
                    help="prompt length for the idle-server TTFT (0: skip)")
+    p.add_argument("--arms", default="auto,reference",
+                   help="FAIRTICK_BLAS values to compare; ratios are against the last")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -128,31 +138,31 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(tokens, contexts)))
         return
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    arms = args.arms.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for r in range(args.rounds):
-        for arm in arm_order(r):
+        for arm in arm_order(arms, r):
             runs[arm].append(run_child(arm, args.tokens, args.contexts))
-    for arm in ARMS:
-        print(f"{arm:>9}: {runs[arm][0]['blas']}")
-    print(f"\n{'':>16} {'optimized':>10} {'reference':>10} {'ref/opt':>8}")
-    gemm = {arm: statistics.median(run["gemm_gflops"] for run in runs[arm]) for arm in ARMS}
-    print(f"{'GEMM GFLOP/s':>16} {gemm['auto']:>10.1f} {gemm['reference']:>10.1f} "
-          f"{gemm['auto'] / gemm['reference']:>7.1f}x")
-    for key in runs["auto"][0]["forward_ms"]:
-        ms = {arm: statistics.median(run["forward_ms"][key] for run in runs[arm]) for arm in ARMS}
+    for i, arm in enumerate(arms):
+        print(f"arm {i + 1}: {arm}: {runs[arm][0]['blas']}")
+    print(f"\n{'':>20} " + " ".join(f"{f'arm {i + 1}':>18}" for i in range(len(arms))))
+    gemm = {arm: statistics.median(run["gemm_gflops"] for run in runs[arm]) for arm in arms}
+    print_row("GEMM GFLOP/s", gemm, "", arms, higher_is_better=True)
+    for key in runs[arms[0]][0]["forward_ms"]:
+        ms = {arm: statistics.median(run["forward_ms"][key] for run in runs[arm]) for arm in arms}
         t, c = key.split("@")
-        print(f"{f'forward t={t} c={c}':>16} {ms['auto']:>8.1f}ms {ms['reference']:>8.1f}ms "
-              f"{ms['reference'] / ms['auto']:>7.1f}x")
+        print_row(f"forward t={t} c={c}", ms, "ms", arms, higher_is_better=False)
     if args.ttft_prompt_tokens > 0:
-        ttft: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        ttft: dict[str, list[float]] = {arm: [] for arm in arms}
         with tempfile.TemporaryDirectory(prefix="bench-blas-") as logs:
             for r in range(args.rounds):
-                for arm in arm_order(r):
+                for arm in arm_order(arms, r):
                     ttft[arm].append(ttft_s(arm, args.ttft_prompt_tokens, Path(logs)))
-        med = {arm: statistics.median(ttft[arm]) for arm in ARMS}
-        print(f"{f'TTFT {args.ttft_prompt_tokens} tok':>16} {med['auto']:>9.2f}s "
-              f"{med['reference']:>9.2f}s {med['reference'] / med['auto']:>7.1f}x   "
-              f"(each run: {', '.join(f'{a} {t:.2f}s' for a in ARMS for t in ttft[a])})")
+        med = {arm: statistics.median(ttft[arm]) for arm in arms}
+        print_row(f"TTFT {args.ttft_prompt_tokens} tokens", med, "s", arms,
+                  higher_is_better=False)
+        print("TTFT runs: " + "; ".join(f"arm {i + 1}: " + ", ".join(f"{t:.2f}s" for t in ttft[a])
+                                        for i, a in enumerate(arms)))
 
 
 if __name__ == "__main__":
