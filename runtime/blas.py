@@ -1,6 +1,6 @@
 """Runs MLX over an optimized BLAS on Linux. Imports no MLX: it must act before MLX loads.
 
-MLX's Linux CPU wheel links the reference (netlib) BLAS, ~30x slower at float32 GEMM than
+MLX's Linux CPU wheel links the reference (netlib) BLAS, 12-18x slower at float32 GEMM than
 OpenBLAS here (ADR 0007). libmlx imports its BLAS and LAPACK functions by their standard names
 (`cblas_sgemm`, `sgesdd_`, ...) and the dynamic linker looks them up in the process's global
 scope before libmlx's own dependencies, so a library loaded with RTLD_GLOBAL before libmlx binds
@@ -36,8 +36,8 @@ SETTINGS = ("auto", "reference")
 PROBE_SYMBOL = "cblas_sgemm"  # what MLX's float32 matmul calls
 THREADS_ENV = "OPENBLAS_NUM_THREADS"
 # Unless $OPENBLAS_NUM_THREADS says otherwise. On 2 shared cores, OpenBLAS's second thread
-# waits for a core the engine and HTTP threads also need: a 64-token forward measured 8x slower
-# with 2 threads than with 1 under load (docs/benchmark_results/2026-11-30-blas.md).
+# waits for a core the engine and HTTP threads also need: forwards measured up to 30x slower
+# with 2 threads than with 1, never faster (docs/benchmark_results/2026-11-30-blas.md).
 DEFAULT_THREADS = 1
 _PREFIX = "scipy_"
 # One jump per forwarded name: the callee sees the caller's registers and stack unchanged.

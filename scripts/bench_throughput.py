@@ -9,10 +9,12 @@ For each stream count S, `fairtick serve` (default flags, or --fairtick-flags) a
 built-in model) one after the other, alternated over rounds (A B, then B A). S streamed greedy
 completions with a max_tokens far beyond the window are sent at once; the tokens of all streams
 that arrive in the --window-s seconds after --warmup-s, per second, are the arm's rate (no
-stream may end before the window does). Then a bare in-process mlx-lm decode loop
-(BatchKVCache, greedy, pipelined: scripts/bench_decode_kernel.py) decodes as many rows as
-fairtick had decoding in its window, from the same context, on the same BLAS (this process and
-the fairtick server both load the one $FAIRTICK_BLAS names). Prints each arm's median, the
+stream may end before the window does). The third arm, in the same alternation (A B C, then
+C B A), is a bare in-process mlx-lm decode loop (BatchKVCache, greedy, pipelined:
+scripts/bench_decode_kernel.py) decoding as many rows as the last fairtick run had decoding, from
+the context they had when its window opened, for as many steps as they made in it, on the same
+BLAS (this process and the fairtick server both load the one $FAIRTICK_BLAS names). Prints each
+arm's median, the
 ratios fairtick / mlx_lm.server (goal >= 2) and fairtick / bare (goal >= 0.9), the window's
 inter-token gaps (p50/p95/p99/max), and the machine's load average.
 
@@ -31,7 +33,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
@@ -51,9 +56,9 @@ from benchlib.throughput import (  # noqa: E402
 from benchlib.windows import Window  # noqa: E402
 
 from runtime.blas import load_blas  # noqa: E402
-from runtime.model import load_model, make_builtin_model  # noqa: E402
+from runtime.model import ModelBundle, load_model, make_builtin_model  # noqa: E402
 
-ARMS = ("fairtick", "mlx_lm")
+ARMS = ("fairtick", "mlx_lm", "bare")
 GOAL_MLX_LM, GOAL_BARE = 2.0, 0.9
 
 
@@ -139,16 +144,50 @@ def run_arm(arm: str, num_streams: int, args: argparse.Namespace, model_dir: Pat
         stop_server(server)
 
 
-def bare_rate(model_dir: Path, fairtick: Sequence[WindowRate], prompt_tokens: int) -> tuple[
-        float, int]:
-    """(tokens/s, rows) of the bare loop at the rows and context fairtick decoded at."""
-    median_run = sorted(fairtick, key=lambda r: r.tokens_per_s)[len(fairtick) // 2]
-    rows = median_run.active_streams
-    context = prompt_tokens + round(median_run.tokens_before)
-    steps = max(32, round(median_run.tokens_per_stream))
+@dataclass(frozen=True)
+class BareRate:
+    """The bare loop's rate, at the rows and context of a fairtick run."""
+
+    tokens_per_s: float
+    rows: int
+    context: int
+
+
+def bare_rate(bundle: ModelBundle, fairtick: WindowRate, prompt_tokens: int) -> BareRate:
+    """The bare loop decoding as many rows as `fairtick` had decoding, from the context they had
+    when its window opened, for as many steps as they made in it."""
+    rows = fairtick.active_streams
+    if rows == 0:
+        raise RuntimeError("fairtick decoded nothing in its window: no rows for the bare loop")
+    context = prompt_tokens + round(fairtick.tokens_before)
+    steps = max(32, round(fairtick.tokens_per_stream))
     rng = random.Random(rows)
     prompts = [[rng.randrange(32, 127) for _ in range(context)] for _ in range(rows)]
-    return rows / bare_mlx_lm_decode_s(load_model(model_dir), prompts, steps), rows
+    return BareRate(rows / bare_mlx_lm_decode_s(bundle, prompts, steps), rows, context)
+
+
+def run_round(n: int, r: int, args: argparse.Namespace, model_dir: Path, log_dir: Path,
+              runs: dict[str, list[Any]], blas_names: dict[str, str]) -> None:
+    """One round at `n` streams: the three arms in this round's order; appends to `runs`."""
+    for arm in arm_order(ARMS, r):
+        if arm == "bare":  # round 0 runs fairtick first, so a fairtick run exists to match
+            bare = bare_rate(_bundle(model_dir), runs["fairtick"][-1], args.prompt_tokens)
+            runs[arm].append(bare)
+            print(f"  {n:>3} streams, {arm:>8}: {bare.tokens_per_s:7.0f} tok/s ({bare.rows} rows, "
+                  f"context {bare.context})", flush=True)
+            continue
+        rate, blas_names[arm] = run_arm(arm, n, args, model_dir, log_dir)
+        runs[arm].append(rate)
+        print(f"  {n:>3} streams, {arm:>8}: {rate.tokens_per_s:7.0f} tok/s "
+              f"({rate.active_streams} decoding, context ~"
+              f"{args.prompt_tokens + rate.tokens_before:.0f}; gaps p50/p95/p99/max "
+              f"{rate.gaps.p50_ms:.0f}/{rate.gaps.p95_ms:.0f}/"
+              f"{rate.gaps.p99_ms:.0f}/{rate.gaps.max_ms:.0f} ms)", flush=True)
+
+
+@cache
+def _bundle(model_dir: Path) -> ModelBundle:
+    return load_model(model_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -159,33 +198,24 @@ def main(argv: Sequence[str] | None = None) -> None:
                  f"({load_blas().reason})")
     print(f"model {model_dir}; BLAS (fairtick, bare loop): {load_blas().describe()}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    runs: dict[int, dict[str, list[WindowRate]]] = {}
+    runs: dict[int, dict[str, list[Any]]] = {}
     blas_names: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as logs:
         for n in args.streams:
             runs[n] = {arm: [] for arm in ARMS}
             for r in range(args.rounds):
-                for arm in arm_order(ARMS, r):
-                    rate, blas_names[arm] = run_arm(arm, n, args, model_dir, Path(logs))
-                    runs[n][arm].append(rate)
-                    print(f"  {n:>3} streams, {arm:>8}: {rate.tokens_per_s:7.0f} tok/s "
-                          f"({rate.active_streams} decoding, context ~"
-                          f"{args.prompt_tokens + rate.tokens_before:.0f}; gaps p50/p95/p99/max "
-                          f"{rate.gaps.p50_ms:.0f}/{rate.gaps.p95_ms:.0f}/"
-                          f"{rate.gaps.p99_ms:.0f}/{rate.gaps.max_ms:.0f} ms)", flush=True)
-    rows = []
-    for n in args.streams:
-        bare, bare_rows = bare_rate(model_dir, runs[n]["fairtick"], args.prompt_tokens)
-        rows.append(Comparison(n, median_rate(runs[n]["fairtick"]),
-                               median_rate(runs[n]["mlx_lm"]), bare, bare_rows))
+                run_round(n, r, args, model_dir, Path(logs), runs[n], blas_names)
+    rows = [Comparison(n, median_rate(runs[n]["fairtick"]), median_rate(runs[n]["mlx_lm"]),
+                       median_rate(runs[n]["bare"]), runs[n]["bare"][-1].rows)
+            for n in args.streams]
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(f"fairtick serve {' '.join(args.fairtick_flags) or '(default flags)'}; mlx_lm.server "
           f"BLAS: {blas_names.get('mlx_lm')}; medians of {args.rounds} round(s)\n")
     print(format_table(rows, GOAL_MLX_LM, GOAL_BARE))
     if args.json:
         Path(args.json).write_text(json.dumps(to_jsonable(
-            {"args": {k: v for k, v in vars(args).items()}, "runs": runs,
-             "comparisons": rows, "blas": load_blas().describe()}), indent=1, default=str))
+            {"args": vars(args), "runs": runs, "comparisons": rows,
+             "blas": load_blas().describe()}), indent=1, default=str))
 
 
 if __name__ == "__main__":

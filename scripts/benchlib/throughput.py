@@ -6,6 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from benchlib.windows import GapStats, Window, gaps_in, ratio
 
@@ -47,7 +48,13 @@ def arm_order(arms: Sequence[str], round_index: int) -> list[str]:
     return list(arms) if round_index % 2 == 0 else list(arms)[::-1]
 
 
-def median_rate(rates: Sequence[WindowRate]) -> float:
+class HasRate(Protocol):
+    @property
+    def tokens_per_s(self) -> float: ...
+
+
+def median_rate(rates: Sequence[HasRate]) -> float:
+    """The median tokens/s of some runs; NaN for none."""
     return statistics.median(r.tokens_per_s for r in rates) if rates else math.nan
 
 
