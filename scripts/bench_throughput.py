@@ -55,7 +55,7 @@ from benchlib.throughput import (  # noqa: E402
 )
 from benchlib.windows import Window  # noqa: E402
 
-from runtime.blas import load_blas  # noqa: E402
+from runtime.blas import DEFAULT_THREADS, THREADS_ENV, load_blas  # noqa: E402
 from runtime.model import ModelBundle, load_model, make_builtin_model  # noqa: E402
 
 ARMS = ("fairtick", "mlx_lm", "bare")
@@ -136,7 +136,9 @@ def run_arm(arm: str, num_streams: int, args: argparse.Namespace, model_dir: Pat
     else:
         env = dict(os.environ)
         if args.mlx_lm_blas == "same":
+            # Its threads as runtime.blas sets them: a preload alone would run one per core.
             env["LD_PRELOAD"] = str(load_blas().preload)
+            env.setdefault(THREADS_ENV, str(DEFAULT_THREADS))
         server = start_mlx_lm_server(model_dir, log, env=env)
     try:
         if arm == "fairtick":
