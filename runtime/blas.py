@@ -1,6 +1,6 @@
 """Runs MLX over an optimized BLAS on Linux. Imports no MLX: it must act before MLX loads.
 
-MLX's Linux CPU wheel links the reference (netlib) BLAS, 12-18x slower at float32 GEMM than
+MLX's Linux CPU wheel links the reference (netlib) BLAS, 9-18x slower at float32 GEMM than
 OpenBLAS here (ADR 0007). libmlx imports its BLAS and LAPACK functions by their standard names
 (`cblas_sgemm`, `sgesdd_`, ...) and the dynamic linker looks them up in the process's global
 scope before libmlx's own dependencies, so a library loaded with RTLD_GLOBAL before libmlx binds
