@@ -24,6 +24,8 @@ import mlx_lm
 from mlx.utils import tree_flatten
 from mlx_lm.models.llama import Model, ModelArgs
 
+from runtime.cachedir import default_cache_dir
+
 BUILTIN_FORMAT_VERSION = 1
 BOS_TOKEN, EOS_TOKEN = "<s>", "</s>"
 BOS_ID, EOS_ID = 256, 257
@@ -74,12 +76,6 @@ class ModelBundle:
     context_length: int
     eos_token_ids: frozenset[int]
     bos_token_id: int | None
-
-
-def default_cache_dir() -> Path:
-    """$FAIRTICK_CACHE, else ~/.cache/fairtick."""
-    env = os.environ.get("FAIRTICK_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "fairtick"
 
 
 def make_builtin_model(

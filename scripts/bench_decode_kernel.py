@@ -18,11 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import runtime  # noqa: E402, F401  (loads the optimized BLAS before MLX: runtime/blas.py)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import BatchGenerator  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from runtime.executor import Executor  # noqa: E402
 from runtime.model import ModelBundle, load_model  # noqa: E402

@@ -20,6 +20,8 @@ from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 POLICY_ENV = "FAIRTICK_POLICY"
+# runtime.blas.BLAS_ENV, spelled here: importing anything from runtime loads the BLAS it names.
+BLAS_ENV = "FAIRTICK_BLAS"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,7 +63,13 @@ def serve_main(argv: Sequence[str]) -> int:
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--policy", default=os.environ.get(POLICY_ENV, "default"))
+    pre.add_argument("--blas", default=None)
     known, _ = pre.parse_known_args(argv)
+    try:
+        blas = _load_blas(known.blas)
+    except ValueError as exc:
+        print(f"fairtick serve: {exc}", file=sys.stderr)
+        return 2
     try:
         spec = load_policy(known.policy)
     except SpecError as exc:
@@ -78,10 +86,25 @@ def serve_main(argv: Sequence[str]) -> int:
         return 2
     from server.app import create_app
 
+    print(f"fairtick serve: BLAS: {blas.describe()}", file=sys.stderr, flush=True)
     app = create_app(config)
     app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
             single_process=True, motd=False, access_log=False)
     return 0
+
+
+def _load_blas(setting: str | None) -> Any:
+    """The BLAS MLX will run on (runtime.blas.BlasInfo): `--blas` must reach the environment
+    before `runtime` is first imported. ValueError for a bad value, or for a process that has
+    already loaded another."""
+    if setting is not None:
+        os.environ[BLAS_ENV] = setting
+    from runtime.blas import load_blas, parse_setting
+
+    blas = load_blas()
+    if setting is not None and blas.setting != parse_setting(setting):
+        raise ValueError(f"--blas {setting}: this process already runs on {blas.setting!r}")
+    return blas
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -121,6 +144,11 @@ def _serve_parser() -> argparse.ArgumentParser:
                    f"are aborted with 503 (default {server.stop_grace_s:g})")
     p.add_argument("--trace-capacity", type=int, default=d["trace_capacity"], metavar="N",
                    help=f"transitions kept for /debug/trace (default {d['trace_capacity']})")
+    p.add_argument("--blas", default=os.environ.get(BLAS_ENV, "auto"),
+                   metavar="auto|reference|PATH",
+                   help=f"BLAS under MLX: 'auto' (an optimized OpenBLAS when it can be had, "
+                   f"else MLX's bundled reference BLAS), 'reference', or the path of a shared "
+                   f"library exporting the CBLAS names (env {BLAS_ENV}; default 'auto')")
     p.add_argument("--check-invariants", action="store_true",
                    help="check the scheduler invariants after every tick (slower)")
     return p

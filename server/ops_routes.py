@@ -51,10 +51,11 @@ async def debug_trace(request: Request) -> HTTPResponse:
 async def debug_state(request: Request) -> HTTPResponse:
     """The policy, its parameters and each live sequence with its state; what admission control
     holds (queued requests, reserved KV tokens) and the memory the engine holds, so an operator
-    (or a test) can see both return to their baseline when the server is idle."""
+    (or a test) can see both return to their baseline when the server is idle; and the BLAS
+    that MLX runs on."""
     engine = request.app.ctx.engine
     state = {**engine.snapshot(), "admission": admission_state(engine),
-             "memory": memory_state(engine)}
+             "memory": memory_state(engine), "blas": blas_state()}
     return raw(jsonlib.dumps(state, default=str).encode(), content_type="application/json")
 
 
@@ -72,6 +73,15 @@ def memory_state(engine: Any) -> dict[str, int]:
     return {"cached_sequences": engine.executor.num_sequences,
             "mlx_active_bytes": int(mx.get_active_memory()),
             "mlx_cache_bytes": int(mx.get_cache_memory())}
+
+
+def blas_state() -> dict[str, str | None]:
+    """runtime.blas.BlasInfo as JSON: the setting, the library (null: MLX's own), why."""
+    from runtime.blas import load_blas
+
+    blas = load_blas()
+    return {"setting": blas.setting, "library": str(blas.library) if blas.library else None,
+            "config": blas.config, "reason": blas.reason}
 
 
 def _query_int(request: Request, name: str, default: int | None, minimum: int) -> int | None:

@@ -133,6 +133,8 @@ class TimedStream:
         self.first_token = threading.Event()
         self._stop: tuple[float, int] | None = None
         self._conn: http.client.HTTPConnection | None = None
+        # The connection forgets its socket once an HTTP/1.0 response (mlx_lm.server) begins.
+        self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> TimedStream:
@@ -146,9 +148,10 @@ class TimedStream:
         """Drop the connection now (the server aborts the request), even while it waits."""
         self.cancelled = True
         conn = self._conn
-        if conn is not None and conn.sock is not None:
+        sock = self._sock or (conn.sock if conn is not None else None)
+        if sock is not None:
             try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -173,6 +176,9 @@ class TimedStream:
             self.sent_s = time.monotonic()
             conn.request("POST", "/v1/completions", body=self.body.encode(),
                          headers={"Content-Type": "application/json"})
+            self._sock = conn.sock
+            if self.cancelled:  # closed while connecting
+                return
             self._read(conn.getresponse())
         except (OSError, ValueError, http.client.HTTPException) as exc:
             if not self.cancelled:

@@ -1,4 +1,4 @@
-"""Start and stop `fairtick serve` on 127.0.0.1 for a benchmark arm."""
+"""Start and stop `fairtick serve` (or mlx_lm.server) on 127.0.0.1 for a benchmark arm."""
 
 from __future__ import annotations
 
@@ -39,24 +39,37 @@ def start_server(flags: list[str], log_path: Path, timeout_s: float = 120.0) -> 
     the log's tail if it exits or does not answer in time)."""
     port = free_port()
     cmd = [*SERVE, "--host", "127.0.0.1", "--port", str(port), *flags]
+    return start_process(cmd, port, log_path, timeout_s, name=f"fairtick serve {' '.join(flags)}")
+
+
+def start_mlx_lm_server(model_dir: Path, log_path: Path, timeout_s: float = 120.0,
+                        env: dict[str, str] | None = None) -> Server:
+    """`python -m mlx_lm.server --model DIR` (its defaults otherwise) on a free port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port)]
+    return start_process(cmd, port, log_path, timeout_s, name="mlx_lm.server", env=env)
+
+
+def start_process(cmd: list[str], port: int, log_path: Path, timeout_s: float, name: str,
+                  env: dict[str, str] | None = None) -> Server:
+    """Start the HTTP server `cmd` listening on `port`; returns once its /health answers."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"fairtick serve {' '.join(flags)} exited with "
-                               f"{process.returncode}:\n{server.log_tail()}")
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{server.log_tail()}")
         try:
             get_json(server.url, "/health", timeout_s=2)
             return server
         except (OSError, ValueError, RuntimeError):
             time.sleep(0.2)
     stop_server(server)
-    raise RuntimeError(f"fairtick serve did not answer within {timeout_s:.0f} s:\n"
-                       f"{server.log_tail()}")
+    raise RuntimeError(f"{name} did not answer within {timeout_s:.0f} s:\n{server.log_tail()}")
 
 
 def stop_server(server: Server, timeout_s: float = 30.0) -> int:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime.blas import load_blas
 from server.config import ServerConfig
 from statemachine.spec import load_policy
-from tests.e2e.conftest import SERVE_FLAGS
+from tests.e2e.conftest import SERVE_FLAGS, start_server, stop_server
 from tests.lifecycle_names import ADMIT, CHUNK_DONE, DECODING, FINISH, FINISHED, GRANT, WAITING
 from tests.server.http_helpers import OpenStream, get, post
 
@@ -110,6 +111,26 @@ def wait_gauge(server, name: str, value: float, timeout_s: float = 10.0) -> None
     while server.gauges().get(name) != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}: {server.gauges()}"
         time.sleep(0.05)
+
+
+def test_the_server_says_which_blas_it_runs_on(server):
+    # The server and this test process start from the same environment: the same BLAS.
+    ours = load_blas()
+    assert f"BLAS: {ours.describe()}" in server.log_path.read_text()
+    blas = server.state()["blas"]
+    assert blas["setting"] == ours.setting
+    assert blas["library"] == (str(ours.library) if ours.library else None)
+
+
+def test_blas_reference_runs_on_the_bundled_blas(tmp_path):
+    served = start_server(tmp_path, "--blas", "reference", *SERVE_FLAGS)
+    try:
+        assert "BLAS: MLX's own BLAS (the bundled reference BLAS" in served.log_path.read_text()
+        assert served.state()["blas"]["library"] is None
+        reply = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert reply.status == 200, reply.body
+    finally:
+        assert stop_server(served) == 0
 
 
 def test_a_full_queue_answers_429_with_retry_after(server):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from sanic import Sanic
 
+from runtime.blas import BLAS_ENV, load_blas
 from server.cli import main
 from server.config import ServerConfig
 from server.policy_flags import flag_dest, resolve_policy_params
@@ -71,6 +73,19 @@ def test_an_invalid_parameter_env_var_refuses_to_start(monkeypatch, capsys):
     monkeypatch.setenv(p.env, "lots")
     assert main(["serve", "--policy", "grant_counter"]) == 2
     assert p.env in capsys.readouterr().err
+
+
+def test_a_bad_blas_setting_refuses_to_start(monkeypatch, capsys):
+    monkeypatch.setenv(BLAS_ENV, os.environ.get(BLAS_ENV, ""))  # restored after the test
+    assert main(["serve", "--blas", "openblas"]) == 2
+    assert "'auto', 'reference' or the path" in capsys.readouterr().err
+
+
+def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, capsys):
+    monkeypatch.setenv(BLAS_ENV, os.environ.get(BLAS_ENV, ""))
+    other = "auto" if load_blas().setting == "reference" else "reference"
+    assert main(["serve", "--blas", other]) == 2
+    assert "already runs on" in capsys.readouterr().err
 
 
 @pytest.fixture
