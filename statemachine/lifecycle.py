@@ -1,14 +1,19 @@
-"""The per-sequence lifecycle: specs/lifecycle.yaml compiled into one `transitions` Machine.
+"""The per-sequence lifecycle: specs/lifecycle.yaml, the one place that names states.
 
-The compiler rejects unknown states, unreachable states, live states with no way out, guard
-names it cannot bind, and ambiguous triggers. `Lifecycle.next_state` answers the same question
-the machine does (which edge a trigger takes) without a model, for the exhaustive checker.
+The code speaks in roles (`Role`) and triggers (`Trigger`); the spec gives each role a state
+name and declares the edges, which must be exactly the role edges the code handles
+(`ROLE_EDGES`). A spec with an unknown role, a missing or extra edge, or a guard no code
+evaluates is refused at load. A renamed state changes nothing but the trace's words.
+`Lifecycle.move` answers which role a trigger leads to (for the step function); `make_machine`
+compiles the edges into one `transitions` Machine (the scheduler's record of each sequence).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,164 +21,267 @@ from typing import Any
 
 from transitions import Machine
 
-from statemachine.sequence import Sequence
-from statemachine.spec import SPECS_DIR
-from statemachine.yamlsrc import Source, SpecError, load_source
+from statemachine.yamlsrc import Path_, Source, SpecError, load_source
 
 logging.getLogger("transitions").setLevel(logging.WARNING)  # DEBUG costs ~10x per trigger
 
+DEFAULT_LIFECYCLE = Path(__file__).resolve().parent.parent / "specs" / "lifecycle.yaml"
 
 
-def _guard(seq: Any, name: str) -> bool:
-    return bool(getattr(seq, name)())
+class Role(enum.IntEnum):
+    """What a state means to the code."""
+
+    QUEUED = 0  # arrived, holds nothing
+    PARKED = 1  # holds KV; prompt tokens left; waits for a grant
+    PREFILLING = 2  # a prompt slice runs in this tick
+    DECODING = 3  # one token per decoding tick
+    PAUSED = 4  # preempted, KV kept
+    PREEMPTED = 5  # preempted, KV dropped: re-prefilled when readmitted
+    FINISHED = 6
+    ABORTED = 7
+
+    @property
+    def word(self) -> str:
+        return self.name.lower()
+
+    @property
+    def holds_kv(self) -> bool:
+        """Counts against the KV budget and the running limit."""
+        return self in KV_ROLES
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Role.FINISHED, Role.ABORTED)
+
+
+KV_ROLES = frozenset({Role.PARKED, Role.PREFILLING, Role.DECODING, Role.PAUSED})
+
+
+class Trigger(str, enum.Enum):
+    """The events the code fires."""
+
+    ADMIT = "admit"
+    GRANT = "grant"
+    CHUNK_DONE = "chunk_done"
+    FINISH = "finish"
+    PAUSE = "pause"
+    RESUME = "resume"
+    PREEMPT = "preempt"
+    READMIT = "readmit"
+    ABORT = "abort"
+
+
+HAS_PREFILL_LEFT = "has_prefill_left"  # the one guard; a predicate of the sequence record
+GUARDS = (HAS_PREFILL_LEFT,)
+REQUIRED_ROLES = (Role.QUEUED, Role.PARKED, Role.PREFILLING, Role.DECODING, Role.FINISHED,
+                  Role.ABORTED)
+_LIVE = tuple(r for r in Role if not r.terminal)
+
+# (trigger, source role, dest role) -> (conditions, unless): every edge the code can fire.
+ROLE_EDGES: dict[tuple[Trigger, Role, Role], tuple[tuple[str, ...], tuple[str, ...]]] = {
+    (Trigger.ADMIT, Role.QUEUED, Role.PARKED): ((), ()),
+    (Trigger.GRANT, Role.PARKED, Role.PREFILLING): ((), ()),
+    (Trigger.CHUNK_DONE, Role.PREFILLING, Role.PARKED): ((HAS_PREFILL_LEFT,), ()),
+    (Trigger.CHUNK_DONE, Role.PREFILLING, Role.DECODING): ((), (HAS_PREFILL_LEFT,)),
+    (Trigger.FINISH, Role.DECODING, Role.FINISHED): ((), ()),
+    (Trigger.PAUSE, Role.DECODING, Role.PAUSED): ((), ()),
+    (Trigger.RESUME, Role.PAUSED, Role.DECODING): ((), ()),
+    (Trigger.PREEMPT, Role.PARKED, Role.PREEMPTED): ((), ()),
+    (Trigger.PREEMPT, Role.DECODING, Role.PREEMPTED): ((), ()),
+    (Trigger.PREEMPT, Role.PAUSED, Role.PREEMPTED): ((), ()),
+    (Trigger.READMIT, Role.PREEMPTED, Role.PARKED): ((), ()),
+    **{(Trigger.ABORT, r, Role.ABORTED): ((), ()) for r in _LIVE},
+}
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
 class Edge:
-    """One declared transition."""
+    """One declared transition, by state names."""
 
-    trigger: str
+    trigger: Trigger
     source: str
     dest: str
     conditions: tuple[str, ...] = ()
     unless: tuple[str, ...] = ()
 
-    def allows(self, seq: Any) -> bool:
-        return all(_guard(seq, g) for g in self.conditions) and \
-            not any(_guard(seq, g) for g in self.unless)
-
 
 @dataclass(frozen=True)
 class Lifecycle:
-    """A validated lifecycle spec."""
+    """A validated lifecycle spec: a state name per role, and the edges."""
 
     file: str
-    states: tuple[str, ...]
-    initial: str
-    terminal: frozenset[str]
-    slot_states: frozenset[str]
+    state_of: Mapping[Role, str]
+    docs: Mapping[str, str]
     edges: tuple[Edge, ...]
 
-    def next_state(self, source: str, trigger: str, seq: Any) -> str:
-        """The state `trigger` takes `seq` to from `source`; ValueError if no edge allows it."""
-        edges = self._by_key.get((source, trigger), ())
-        if len(edges) == 1 and not edges[0].conditions and not edges[0].unless:
-            return edges[0].dest  # the common case: one unguarded edge
-        for edge in edges:
-            if edge.allows(seq):
-                return edge.dest
-        raise ValueError(f"illegal transition: {trigger!r} from {source!r} is not in {self.file}")
+    @functools.cached_property
+    def role_of(self) -> Mapping[str, Role]:
+        return {name: role for role, name in self.state_of.items()}
+
+    @property
+    def initial(self) -> str:
+        return self.state_of[Role.QUEUED]
+
+    def has(self, role: Role) -> bool:
+        return role in self.state_of
+
+    def require(self, roles: tuple[Role, ...], why: str) -> None:
+        """ValueError naming the roles this lifecycle lacks for `why`."""
+        missing = [r.word for r in roles if r not in self.state_of]
+        if missing:
+            raise ValueError(f"{self.file}: {why} needs a state with role "
+                             f"{' and '.join(missing)}; declare it with its edges")
+
+    def move(self, role: Role, trigger: Trigger, rec: Any) -> Role:
+        """The role `trigger` takes a sequence in `role` to; guards read `rec`. ValueError if
+        the lifecycle has no such edge."""
+        for conditions, unless, dest in self._table.get((role, trigger), ()):
+            if all(getattr(rec, g)() for g in conditions) and \
+                    not any(getattr(rec, g)() for g in unless):
+                return Role(dest)
+        raise ValueError(f"illegal transition: {trigger.value!r} from "
+                         f"{self.state_of.get(role, role.word)!r} is not in {self.file}")
 
     @functools.cached_property
-    def _by_key(self) -> Mapping[tuple[str, str], tuple[Edge, ...]]:
-        table: dict[tuple[str, str], tuple[Edge, ...]] = {}
+    def _table(self) -> Mapping[tuple[Role, Trigger], tuple[tuple[Any, ...], ...]]:
+        table: dict[tuple[Role, Trigger], tuple[tuple[Any, ...], ...]] = {}
         for e in self.edges:
-            table[(e.source, e.trigger)] = (*table.get((e.source, e.trigger), ()), e)
+            key = (self.role_of[e.source], e.trigger)
+            table[key] = (*table.get(key, ()), (e.conditions, e.unless, self.role_of[e.dest]))
         return table
 
     def make_machine(self) -> Machine:
         """One shared Machine; sequences join with `add_model` and leave with `remove_model`."""
         return Machine(
-            model=None, states=list(self.states), initial=self.initial,
+            model=None, states=list(self.role_of), initial=self.initial,
             auto_transitions=False, send_event=False, ignore_invalid_triggers=False,
-            transitions=[{"trigger": e.trigger, "source": e.source, "dest": e.dest,
+            transitions=[{"trigger": e.trigger.value, "source": e.source, "dest": e.dest,
                           "conditions": list(e.conditions), "unless": list(e.unless)}
                          for e in self.edges],
         )
 
 
 @functools.lru_cache(maxsize=8)
-def load_lifecycle(path: str | Path | None = None, model: type = Sequence) -> Lifecycle:
-    """Load and validate a lifecycle spec (default: specs/lifecycle.yaml); guards are bound
-    to predicate methods of `model`, the sequence class."""
-    src = load_source(path or SPECS_DIR / "lifecycle.yaml")
+def load_lifecycle(path: str | Path | None = None) -> Lifecycle:
+    """Load and validate a lifecycle spec (default: specs/lifecycle.yaml)."""
+    src = load_source(path or DEFAULT_LIFECYCLE)
     doc = src.data
     if not isinstance(doc, dict):
-        raise src.error((), "a lifecycle spec is a mapping with states, transitions, ...")
-    allowed = {"initial", "terminal", "slot_states", "states", "guards", "transitions"}
+        raise src.error((), "a lifecycle spec is a mapping with states, guards, transitions")
     for key in doc:
-        if key not in allowed:
-            raise src.error((key,), f"unknown field; allowed: {', '.join(sorted(allowed))}")
-    states = doc.get("states")
-    if not isinstance(states, dict) or not states:
-        raise src.error(("states",), "must map each state name to a one-line description")
-    names = tuple(states)
-    initial = _state(src, ("initial",), doc.get("initial"), names)
-    terminal = _state_list(src, "terminal", doc.get("terminal", []), names)
-    slot_states = _state_list(src, "slot_states", doc.get("slot_states", []), names)
+        if key not in ("states", "guards", "transitions"):
+            raise src.error((key,), "unknown field; allowed: guards, states, transitions")
+    state_of, docs = _states(src, doc.get("states"))
     guards = doc.get("guards") or {}
+    if not isinstance(guards, dict):
+        raise src.error(("guards",), "must map each guard name to a one-line description")
     for g in guards:
-        if not callable(getattr(model, g, None)):
-            raise src.error(("guards", g), f"cannot bind guard {g!r}: {model.__name__} has "
-                            "no such predicate method")
-    edges = _edges(src, doc.get("transitions"), names, set(guards))
-    life = Lifecycle(src.file, names, initial, frozenset(terminal), frozenset(slot_states), edges)
-    _check_graph(src, life)
-    return life
+        if g not in GUARDS:
+            raise src.error(("guards", g), f"no code evaluates guard {g!r}; known: "
+                            f"{', '.join(GUARDS)}")
+    role_of = {name: role for role, name in state_of.items()}
+    edges = _edges(src, doc.get("transitions"), role_of, set(guards))
+    _check_complete(src, state_of, role_of, edges)
+    return Lifecycle(src.file, state_of, docs, edges)
 
 
-def _state(src: Source, path: tuple[str | int, ...], value: Any, names: tuple[str, ...]) -> str:
-    if value not in names:
-        raise src.error(path, f"unknown state {value!r}; declared: {', '.join(names)}")
-    return str(value)
+def _states(src: Source, raw: Any) -> tuple[dict[Role, str], dict[str, str]]:
+    if not isinstance(raw, dict) or not raw:
+        raise src.error(("states",), "must map each state name to {role, doc}")
+    roles = ", ".join(r.word for r in Role)
+    state_of: dict[Role, str] = {}
+    docs: dict[str, str] = {}
+    for name, body in raw.items():
+        path: Path_ = ("states", name)
+        if not _NAME.match(name):
+            raise src.error(path, "state names are lower_snake_case, at most 64 characters")
+        if not isinstance(body, dict) or "role" not in body:
+            raise src.error(path, f"must be {{role: ..., doc: ...}}; roles: {roles}")
+        for key in body:
+            if key not in ("role", "doc"):
+                raise src.error((*path, key), "unknown field; allowed: doc, role")
+        word = body["role"]
+        role = next((r for r in Role if r.word == word), None)
+        if role is None:
+            raise src.error((*path, "role"), f"no code handles role {word!r}; roles: {roles}")
+        if role in state_of:
+            raise src.error((*path, "role"), f"role {word} is already the role of state "
+                            f"{state_of[role]!r}; each role names one state")
+        state_of[role] = name
+        docs[name] = str(body.get("doc", "")).strip()
+    missing = [r.word for r in REQUIRED_ROLES if r not in state_of]
+    if missing:
+        raise src.error(("states",), f"no state has role {', '.join(missing)}; every "
+                        f"lifecycle needs {', '.join(r.word for r in REQUIRED_ROLES)}")
+    return state_of, docs
 
 
-def _state_list(src: Source, key: str, value: Any, names: tuple[str, ...]) -> list[str]:
-    items = value if isinstance(value, list) else [value]
-    return [_state(src, (key, i), v, names) for i, v in enumerate(items)]
-
-
-def _edges(src: Source, raw: Any, names: tuple[str, ...], guards: set[str]) -> tuple[Edge, ...]:
+def _edges(src: Source, raw: Any, role_of: dict[str, Role], guards: set[str]) -> tuple[Edge, ...]:
     if not isinstance(raw, list) or not raw:
         raise src.error(("transitions",), "must be a list of {trigger, source, dest}")
+    triggers = {t.value: t for t in Trigger}
     edges: list[Edge] = []
     for i, t in enumerate(raw):
-        if not isinstance(t, dict) or "trigger" not in t:
-            raise src.error(("transitions", i), "each transition needs trigger, source, dest")
+        path: Path_ = ("transitions", i)
+        if not isinstance(t, dict):
+            raise src.error(path, "each transition is {trigger, source, dest}")
         unknown = set(t) - {"trigger", "source", "dest", "conditions", "unless"}
         if unknown:
-            raise src.error(("transitions", i, sorted(unknown)[0]), "unknown field")
-        sources = _state_list(src, "transitions", t.get("source"), names)
-        dest = _state(src, ("transitions", i, "dest"), t.get("dest"), names)
-        conds = {k: tuple(t.get(k) or ()) for k in ("conditions", "unless")}
-        for key, gs in conds.items():
-            for g in gs:
-                if g not in guards:
-                    raise src.error(("transitions", i, key), f"guard {g!r} is not declared "
-                                    f"under guards: or cannot be bound")
-        for s in sources:
-            edge = Edge(str(t["trigger"]), s, dest, conds["conditions"], conds["unless"])
-            for other in edges:
-                if (other.source, other.trigger) == (s, edge.trigger) and \
-                        not _distinguished(other, edge):
-                    raise src.error(("transitions", i), f"trigger {edge.trigger!r} from {s!r} "
-                                    "is declared twice without guards that tell them apart")
-            edges.append(edge)
+            raise src.error((*path, sorted(unknown)[0]), "unknown field; allowed: conditions, "
+                            "dest, source, trigger, unless")
+        trigger = triggers.get(t.get("trigger"))  # type: ignore[arg-type]
+        if trigger is None:
+            raise src.error((*path, "trigger"), f"no code fires trigger {t.get('trigger')!r}; "
+                            f"triggers: {', '.join(triggers)}")
+        raw_source = t.get("source")
+        sources: list[Any] = raw_source if isinstance(raw_source, list) else [raw_source]
+        dest = _state(src, (*path, "dest"), t.get("dest"), role_of)
+        guard = tuple(_guards(src, (*path, k), t.get(k), guards) for k in ("conditions",
+                                                                          "unless"))
+        for j, s in enumerate(sources):
+            source = _state(src, (*path, "source", j), s, role_of)
+            key = (trigger, role_of[source], role_of[dest])
+            if key not in ROLE_EDGES:
+                raise src.error(path, f"{trigger.value!r} from {source!r} (role "
+                                f"{key[1].word}) to {dest!r} (role {key[2].word}) is not an "
+                                f"edge the code fires; {trigger.value!r} goes "
+                                f"{_edge_words(trigger)}")
+            if guard != ROLE_EDGES[key]:
+                want = ROLE_EDGES[key]
+                raise src.error(path, f"{trigger.value!r} from {source!r} to {dest!r} must "
+                                f"have conditions {list(want[0])} and unless {list(want[1])}")
+            if any((e.trigger, e.source, e.dest) == (trigger, source, dest) for e in edges):
+                raise src.error(path, f"{trigger.value!r} from {source!r} to {dest!r} is "
+                                "declared twice")
+            edges.append(Edge(trigger, source, dest, *guard))
     return tuple(edges)
 
 
-def _distinguished(a: Edge, b: Edge) -> bool:
-    # Two edges on the same trigger are distinguishable when one requires a guard the other forbids.
-    return bool(set(a.conditions) & set(b.unless) or set(a.unless) & set(b.conditions))
+def _edge_words(trigger: Trigger) -> str:
+    return ", ".join(f"{s.word} -> {d.word}" for (t, s, d) in ROLE_EDGES if t == trigger)
 
 
-def _check_graph(src: Source, life: Lifecycle) -> None:
-    reach, frontier = {life.initial}, [life.initial]
-    while frontier:
-        state = frontier.pop()
-        for e in life.edges:
-            if e.source == state and e.dest not in reach:
-                reach.add(e.dest)
-                frontier.append(e.dest)
-    for state in life.states:
-        if state not in reach:
-            raise src.error(("states", state), f"unreachable from {life.initial!r}")
-        has_exit = any(e.source == state for e in life.edges)
-        if state not in life.terminal and not has_exit:
-            raise src.error(("states", state), "not terminal, but no transition leaves it")
-        if state in life.terminal and has_exit:
-            raise src.error(("states", state), "terminal, but a transition leaves it")
-    for edge in life.edges:
-        if edge.source in life.terminal:
+def _state(src: Source, path: Path_, value: Any, role_of: dict[str, Role]) -> str:
+    if not isinstance(value, str) or value not in role_of:
+        raise src.error(path, f"unknown state {value!r}; declared: {', '.join(role_of)}")
+    return value
+
+
+def _guards(src: Source, path: Path_, value: Any, guards: set[str]) -> tuple[str, ...]:
+    items = [] if value is None else value if isinstance(value, list) else [value]
+    for g in items:
+        if g not in guards:
+            raise src.error(path, f"guard {g!r} is not declared under guards:")
+    return tuple(items)
+
+
+def _check_complete(src: Source, state_of: dict[Role, str], role_of: dict[str, Role],
+                    edges: tuple[Edge, ...]) -> None:
+    declared = {(e.trigger, role_of[e.source], role_of[e.dest]) for e in edges}
+    for trigger, s, d in ROLE_EDGES:
+        if s in state_of and d in state_of and (trigger, s, d) not in declared:
             raise SpecError(src.file, src.line(("transitions",)), "transitions",
-                            f"{edge.trigger!r} leaves terminal state {edge.source!r}")
+                            f"missing {trigger.value!r} from {state_of[s]!r} to "
+                            f"{state_of[d]!r}: the code fires it for role {s.word}")
