@@ -1,11 +1,15 @@
-"""Invariants and claim checks, written once and used by all three checkers: the exhaustive
+"""Invariants and claims, each written once and used by all three checkers: the exhaustive
 checker, the Hypothesis stateful tests, and the scheduler core's own check after each tick."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from statemachine.lifecycle import KV_ROLES, Role
+from statemachine.spec import BASE_CLAIMS
 from statemachine.tick import Decision, Policy, TickState
+from statemachine.world import Layout, Outcome, Seq, kv_cached
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,97 @@ class InvariantViolation(AssertionError):
         self.violations = violations
 
 
-UNIVERSAL = ("lifecycle", "slots", "no_idle_with_work", "well_formed", "no_starvation")
+UNIVERSAL = ("lifecycle", "capacity", "no_idle_with_work", "well_formed", "no_starvation")
+
+
+@dataclass(frozen=True)
+class ClaimConfig:
+    """The configuration claims are stated for: the running limit, the most live sequences,
+    the longest prompt in chunks, and the largest max_tokens (None: generation may go on)."""
+
+    max_running: int
+    max_seqs: int
+    max_chunks: int
+    max_prompt_tokens: int
+    max_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A policy's claims evaluated for one configuration (None: unbounded)."""
+
+    wait_ticks: int | None
+    overtakes: int | None
+    decode_wait_ticks: int | None
+    queue_ticks: int | None
+    preemptions: int | None
+    first_grant_ticks: int | None
+    ttft_by_grants: tuple[int | None, ...]  # index: the grants a prompt took
+    horizon: int  # a wait this long counts as starvation when wait_ticks is unbounded
+
+    @classmethod
+    def of(cls, policy: Policy, cfg: ClaimConfig, max_grants: int, horizon: int = 64) -> Bounds:
+        env: dict[str, int | None] = {
+            "max_running": cfg.max_running, "max_seqs": cfg.max_seqs,
+            "max_chunks": cfg.max_chunks, "chunks": cfg.max_chunks,
+            "max_prompt_tokens": cfg.max_prompt_tokens, "max_tokens": cfg.max_tokens}
+        base: dict[str, int | None] = {}
+        for name in BASE_CLAIMS:  # each may use the ones before it
+            base[name] = policy.claim(name, **env, **base)
+        declared = policy.spec.claims
+        first = policy.claim("first_grant_ticks", **env, **base) \
+            if "first_grant_ticks" in declared else implied_first_grant(**base)
+        env_first = {**env, **base, "first_grant_ticks": first}
+        ttft = tuple(policy.claim("ttft_ticks", **{**env_first, "chunks": g})
+                     if "ttft_ticks" in declared else implied_ttft(g, **base)
+                     for g in range(max_grants + 1))
+        return cls(wait_ticks=base["wait_ticks"], overtakes=base["overtakes"],
+                   decode_wait_ticks=base["decode_wait_ticks"], queue_ticks=base["queue_ticks"],
+                   preemptions=base["preemptions"], first_grant_ticks=first,
+                   ttft_by_grants=ttft, horizon=horizon)
+
+    def ttft(self, grants: int) -> int | None:
+        return self.ttft_by_grants[min(grants, len(self.ttft_by_grants) - 1)]
+
+    @property
+    def implied(self) -> dict[str, bool]:
+        """Which derived claims follow from the base claims (no ages need tracking for them):
+        each is at least the bound that follows."""
+        first = implied_first_grant(**self._base)
+        return {
+            "first_grant_ticks": _at_least(self.first_grant_ticks, first),
+            "ttft_ticks": all(_at_least(t, implied_ttft(g, **self._base))
+                              for g, t in enumerate(self.ttft_by_grants) if g > 0),
+        }
+
+    @property
+    def _base(self) -> dict[str, int | None]:
+        return {"wait_ticks": self.wait_ticks, "overtakes": self.overtakes,
+                "decode_wait_ticks": self.decode_wait_ticks, "queue_ticks": self.queue_ticks,
+                "preemptions": self.preemptions}
+
+
+def implied_first_grant(wait_ticks: int | None, queue_ticks: int | None,
+                        preemptions: int | None, **_: int | None) -> int | None:
+    """Ticks from arrival to the end of the first grant's tick: each of the (preemptions + 1)
+    stays queues <= queue_ticks and parks <= wait_ticks, then one tick grants."""
+    if wait_ticks is None or queue_ticks is None or preemptions is None:
+        return None
+    return (preemptions + 1) * (queue_ticks + wait_ticks) + 1
+
+
+def implied_ttft(grants: int, wait_ticks: int | None, queue_ticks: int | None,
+                 preemptions: int | None, **_: int | None) -> int | None:
+    """Ticks from arrival to the first token of a prompt granted `grants` times: every tick is
+    a queue tick (<= queue_ticks per stay), a grant, or a parked tick (<= wait_ticks before
+    each grant and before each preemption)."""
+    if wait_ticks is None or queue_ticks is None or preemptions is None:
+        return None
+    return (preemptions + 1) * queue_ticks + grants * (wait_ticks + 1) + preemptions * wait_ticks
+
+
+def _at_least(claim: int | None, follows: int | None) -> bool:
+    return claim is None or (follows is not None and claim >= follows)
 
 
 def check_decision(state: TickState, decision: Decision) -> list[Violation]:
@@ -47,68 +141,49 @@ def check_decision(state: TickState, decision: Decision) -> list[Violation]:
     return out
 
 
-def check_slots(num_holding: int, num_slots: int) -> list[Violation]:
-    """Slot conservation: never more sequences hold a slot than there are slots."""
-    if num_holding > num_slots:
-        return [Violation("slots", f"{num_holding} sequences hold slots, only {num_slots}")]
-    return []
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """A policy's claims evaluated for one configuration (None: unbounded)."""
-
-    wait_ticks: int | None
-    overtakes: int | None
-    decode_wait_ticks: int | None
-    ttft_by_chunks: tuple[int | None, ...]  # index: the prompt's chunks
-    horizon: int  # a wait this long counts as starvation when wait_ticks is unbounded
-
-    @classmethod
-    def of(cls, policy: Policy, slots: int, max_chunks: int, horizon: int = 64) -> Bounds:
-        cfg = {"slots": slots, "max_chunks": max_chunks, "chunks": max_chunks}
-        return cls(
-            wait_ticks=policy.claim("wait_ticks", **cfg),
-            overtakes=policy.claim("overtakes", **cfg),
-            decode_wait_ticks=policy.claim("decode_wait_ticks", **cfg),
-            ttft_by_chunks=tuple(policy.claim("ttft_ticks", **{**cfg, "chunks": c})
-                                 for c in range(max_chunks + 1)),
-            horizon=horizon,
-        )
-
-    def ttft(self, chunks: int) -> int | None:
-        return self.ttft_by_chunks[min(chunks, len(self.ttft_by_chunks) - 1)]
-
-
-def check_claims(after: TickState, bounds: Bounds,
-                 completed: tuple[tuple[int, int, int], ...] = (),
-                 parked_ttft: bool = True) -> list[Violation]:
-    """Claims on the state after a tick; `completed` lists (seq, age_ticks, chunks) of the
-    prompts whose last chunk ran in that tick. `parked_ttft=False` checks TTFT only on
-    completion (when slices vary in size, a parked prompt's chunk count is not known yet)."""
+def check_capacity(seqs: Collection[Seq], layout: Layout) -> list[Violation]:
+    """Never more sequences hold KV than the running limit, nor more tokens than the budget."""
     out = []
-    for p in after.parked:
-        if bounds.wait_ticks is not None and p.wait_ticks > bounds.wait_ticks:
-            out.append(Violation("wait_ticks", f"seq {p.seq_id} parked {p.wait_ticks} ticks "
-                                 f"without a grant; claimed <= {bounds.wait_ticks}", p.seq_id))
-        if bounds.wait_ticks is None and p.wait_ticks >= bounds.horizon:
-            out.append(Violation("no_starvation", f"seq {p.seq_id} parked {p.wait_ticks} ticks "
-                                 f"without a grant (the starvation horizon)", p.seq_id))
-        if bounds.overtakes is not None and p.overtaken > bounds.overtakes:
-            out.append(Violation("overtakes", f"seq {p.seq_id} overtaken {p.overtaken} times "
-                                 f"while parked; claimed <= {bounds.overtakes}", p.seq_id))
-        ttft = bounds.ttft(p.num_chunks) if parked_ttft else None
-        if ttft is not None and p.age_ticks >= ttft:
-            out.append(Violation("ttft_ticks", f"seq {p.seq_id} ({p.num_chunks} chunks) still "
-                                 f"parked after {p.age_ticks} ticks; claimed <= {ttft}",
-                                 p.seq_id))
-    for seq, age, chunks in completed:
-        ttft = bounds.ttft(chunks)
-        if ttft is not None and age > ttft:
-            out.append(Violation("ttft_ticks", f"seq {seq} ({chunks} chunks) took {age} ticks "
-                                 f"to its first token; claimed <= {ttft}", seq))
-    dwait = bounds.decode_wait_ticks
-    if dwait is not None and after.decode_wait_ticks > dwait:
+    running = sum(s.role in KV_ROLES for s in seqs)
+    if running > layout.max_running:
+        out.append(Violation("capacity", f"{running} sequences hold KV, the limit is "
+                             f"{layout.max_running}"))
+    if layout.kv_budget is None:
+        return out
+    cached = kv_cached(seqs)
+    if cached > layout.kv_budget:
+        out.append(Violation("capacity", f"{cached} tokens in KV caches, the budget is "
+                             f"{layout.kv_budget}"))
+    return out
+
+
+def check_claims(outcome: Outcome, bounds: Bounds) -> list[Violation]:
+    """The claims, on the world after a tick and the first grants and tokens in it."""
+    out = []
+    b = bounds
+
+    def over(name: str, value: int, bound: int | None, seq: int, what: str) -> None:
+        if bound is not None and value > bound:
+            out.append(Violation(name, f"seq {seq} {what} {value}; claimed <= {bound}", seq))
+
+    for s in outcome.world.seqs:
+        if s.role is Role.PARKED:
+            over("wait_ticks", s.wait, b.wait_ticks, s.seq_id, "parked without a grant for")
+            over("overtakes", s.overtaken, b.overtakes, s.seq_id,
+                 "overtaken while parked, times:")
+            if b.wait_ticks is None and s.wait >= b.horizon:
+                out.append(Violation("no_starvation", f"seq {s.seq_id} parked {s.wait} ticks "
+                                     "without a grant (the starvation horizon)", s.seq_id))
+        if s.role in (Role.QUEUED, Role.PREEMPTED):
+            over("queue_ticks", s.queue, b.queue_ticks, s.seq_id, "waited for KV room, ticks:")
+        over("preemptions", s.preemptions, b.preemptions, s.seq_id, "preempted, times:")
+    for seq, age in outcome.first_grants:
+        over("first_grant_ticks", age, b.first_grant_ticks, seq, "got its first grant after")
+    for seq, age, grants in outcome.completed:
+        over("ttft_ticks", age, b.ttft(grants), seq,
+             f"({grants} grants) got its first token after")
+    if b.decode_wait_ticks is not None and outcome.world.dwait > b.decode_wait_ticks:
         out.append(Violation("decode_wait_ticks", f"decoding sequences went "
-                             f"{after.decode_wait_ticks} ticks without a step; claimed <= {dwait}"))
+                             f"{outcome.world.dwait} ticks without a step; claimed <= "
+                             f"{b.decode_wait_ticks}"))
     return out

@@ -1,208 +1,206 @@
-"""The scheduler core: owns the sequence models, builds the TickState, applies Decisions.
+"""The scheduler core: owns the sequence models and applies the step function to them.
 
-No MLX here. Each tick is two calls: `schedule()` admits waiting sequences into free slots,
-asks `decide_tick`, fires the grants and returns a `TickPlan` for the executor; `complete()`
-takes what the executor finished, fires chunk_done/finish and moves the counters. Every
-lifecycle change goes through a trigger of the one shared Machine and into the trace.
+No MLX here. Each tick is two calls around the executor: `schedule()` runs `begin_tick` (KV
+room, admission, `decide_tick`, grants) and returns its Plan; `complete()` runs `end_tick` on
+what ran, then finishes the sequences the executor ended. Between ticks a sequence may be
+aborted or finished. Every change is the step function's (statemachine.world), applied to the
+models by firing the lifecycle's triggers on the one shared Machine (which refuses an edge the
+spec does not declare) and recorded in the trace.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
 
 from statemachine.invariants import (
     Bounds,
+    ClaimConfig,
     InvariantViolation,
+    Violation,
+    check_capacity,
     check_claims,
     check_decision,
-    check_slots,
 )
-from statemachine.lifecycle import Lifecycle, load_lifecycle
-from statemachine.sequence import Sequence
-from statemachine.tick import (
-    Decision,
-    ParkedPrefill,
-    Policy,
-    PolicyMemory,
-    TickState,
-    decide_tick,
-    decode_wait_after_tick,
-    parked_after_tick,
-)
+from statemachine.lifecycle import Lifecycle, Role, Trigger, load_lifecycle
+from statemachine.sequence import SeqModel
+from statemachine.tick import Policy, TickState
 from statemachine.trace import TraceEvent, TraceLog
-
-
-@dataclass(frozen=True)
-class PrefillWork:
-    """Run the next `num_tokens` prompt tokens of `seq_id`."""
-
-    seq_id: int
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class TickPlan:
-    """What the executor runs in one tick: the prefill chunks, then one batched decode step."""
-
-    tick: int
-    decision: Decision
-    state: TickState
-    prefills: tuple[PrefillWork, ...]
-    decode: tuple[int, ...]
+from statemachine.world import (
+    Budget,
+    Event,
+    Layout,
+    Outcome,
+    Plan,
+    World,
+    admissible,
+    begin_tick,
+    end_tick,
+    leave,
+    new_seq,
+    tick_state,
+)
 
 
 class Scheduler:
     """The declarative scheduler over live sequences; see the module docstring."""
 
-    def __init__(self, policy: Policy, num_slots: int, chunk_size: int,
-                 lifecycle: Lifecycle | None = None, trace: TraceLog | None = None,
-                 check: bool = False, clock: Callable[[], float] = time.monotonic,
-                 can_admit: Callable[[Sequence], bool] | None = None) -> None:
-        if num_slots < 1 or chunk_size < 1:
-            raise ValueError(f"num_slots and chunk_size must be >= 1, got {num_slots}, "
-                             f"{chunk_size}")
-        self.policy, self.num_slots, self.chunk_size = policy, num_slots, chunk_size
+    def __init__(self, policy: Policy, layout: Layout, lifecycle: Lifecycle | None = None,
+                 trace: TraceLog | None = None, check: bool = False,
+                 clock: Callable[[], float] = time.monotonic, horizon: int = 2**62,
+                 claims: tuple[ClaimConfig, int] | None = None) -> None:
+        self.policy, self.layout = policy, layout
         self.lifecycle = lifecycle or load_lifecycle()
+        if layout.kv_budget is not None:
+            require_kv_roles(self.lifecycle, policy)
         self.machine = self.lifecycle.make_machine()
         self.trace = trace if trace is not None else TraceLog()
-        self.check, self.clock, self.can_admit = check, clock, can_admit
+        self.check, self.clock, self.horizon = check, clock, horizon
         self.tick = 0
-        self.memory = PolicyMemory()
-        self.decode_wait_ticks = 0
-        self.max_chunks_seen = 1
-        self._live: dict[int, Sequence] = {}  # submission order
-        self._bounds: dict[int, Bounds] = {}
+        self.streak = 0
+        self.dwait = 0
+        self._live: dict[int, SeqModel] = {}  # arrival order
+        self._most = {"seqs": 1, "chunks": 1, "tokens": 1, "grants": 1, "max_tokens": 0,
+                      "unlimited": 0}
+        self._bounds: dict[tuple[int, ...], Bounds] = {}
+        if claims is not None:  # a fixed configuration (and most grants) to check claims for
+            self._fixed: Bounds | None = Bounds.of(policy, claims[0], claims[1], horizon)
+        else:
+            self._fixed = None
 
     # -- requests in -------------------------------------------------------------------
-    def submit(self, seq_id: int, prompt_tokens: int) -> Sequence:
-        """Queue a new sequence (state `waiting`)."""
-        if seq_id in self._live:
-            raise ValueError(f"sequence {seq_id} is already live")
-        if prompt_tokens < 1:
-            raise ValueError(f"a prompt needs at least one token, got {prompt_tokens}")
-        seq = Sequence(seq_id, prompt_tokens, self.chunk_size)
-        self.machine.add_model(seq, initial=self.lifecycle.initial)
-        self._live[seq_id] = seq
-        return seq
+    def submit(self, seq_id: int, prompt_tokens: int, max_tokens: int | None = None) -> SeqModel:
+        """Queue a new sequence; ValueError if it could never run in this layout."""
+        if seq_id in self._live or (self._live and seq_id < max(self._live)):
+            raise ValueError(f"sequence ids must increase: {seq_id} after {max(self._live)}")
+        problem = admissible(prompt_tokens, max_tokens, self.layout.kv_budget)
+        if problem is not None:
+            raise ValueError(problem)
+        model = SeqModel(new_seq(seq_id, prompt_tokens, max_tokens))
+        self.machine.add_model(model, initial=self.lifecycle.initial)
+        self._live[seq_id] = model
+        chunks = -(-prompt_tokens // self.layout.chunk_size)
+        for key, value in (("seqs", len(self._live)), ("chunks", chunks),
+                           ("tokens", prompt_tokens), ("max_tokens", max_tokens or 0),
+                           ("unlimited", max_tokens is None)):
+            self._most[key] = max(self._most[key], value)
+        return model
 
     def abort(self, seq_id: int) -> bool:
         """Abort a live sequence at once (between ticks); False if it is not live."""
-        seq = self._live.get(seq_id)
-        if seq is None:
-            return False
-        self._fire(seq, "abort", "abort")
-        return True
+        return self._leave(seq_id, Trigger.ABORT)
+
+    def finish(self, seq_id: int) -> bool:
+        """A decoding sequence ended (a stop token or string); False if it is not live."""
+        return self._leave(seq_id, Trigger.FINISH)
 
     # -- one tick ------------------------------------------------------------------------
-    def schedule(self, budget: Callable[[TickState], int] | None = None) -> TickPlan:
-        """Admit, decide, grant. The caller runs the plan, then calls `complete`. `budget`
-        gives the prefill tokens that fit this tick's latency target, for the admitted state."""
-        self._admit()
-        state = self.tick_state()
-        if budget is not None:
-            state = replace(state, budget_tokens=budget(state))
-        decision = decide_tick(state, self.policy)
+    def schedule(self, budget: Budget | None = None) -> Plan:
+        """Make room, admit, decide, grant. The caller runs the plan, then calls `complete`.
+        `budget` gives the prefill tokens that fit this tick's latency target."""
+        plan = begin_tick(self.world(), self.policy, self.lifecycle, self.layout, budget)
+        self._apply(plan.world, plan.events)
         if self.check:
-            self._raise(check_decision(state, decision))
-        prefills = []
-        for seq_id in decision.granted:
-            seq = self._live[seq_id]
-            seq.num_grants += 1
-            self._fire(seq, "grant", decision.rule)
-            prefills.append(PrefillWork(seq_id, min(decision.chunk_tokens, seq.prefill_left)))
-        decode = tuple(s.seq_id for s in self._live.values() if s.state == "decoding") \
-            if decision.decodes else ()
-        return TickPlan(self.tick, decision, state, tuple(prefills), decode)
+            self._raise(check_decision(plan.state, plan.decision))
+        return plan
 
-    def complete(self, plan: TickPlan, finished: Collection[int] = ()) -> None:
-        """Apply the outcome of `plan`: chunks done, sequences `finished` (stop or length)."""
-        rule = plan.decision.rule
-        completed = []
-        for work in plan.prefills:
-            seq = self._live.get(work.seq_id)
-            if seq is None:
-                continue
-            seq.prefill_left -= work.num_tokens
-            self._fire(seq, "chunk_done", rule)
-            if seq.state == "decoding":
-                completed.append((seq.seq_id, seq.age_ticks + 1, seq.num_grants))
-                self.max_chunks_seen = max(self.max_chunks_seen, seq.num_grants)
-        for p in plan.state.parked:
-            seq = self._live.get(p.seq_id)
-            if seq is not None:
-                seq.wait_ticks, seq.age_ticks, seq.overtaken = \
-                    parked_after_tick(p, plan.decision)
-        for seq_id in finished:
-            seq = self._live.get(seq_id)
-            if seq is not None and seq.state == "decoding":
-                self._fire(seq, "finish", rule)
-        self.decode_wait_ticks = decode_wait_after_tick(plan.state, plan.decision)
-        self.memory = plan.decision.memory
+    def complete(self, plan: Plan, finished: Collection[int] = ()) -> Outcome:
+        """Apply the outcome of `plan`, then finish the sequences in `finished`."""
+        live = {s.seq_id for s in plan.world.seqs if s.seq_id in self._live}
+        world = plan.world._replace(seqs=tuple(s for s in plan.world.seqs if s.seq_id in live))
+        outcome = end_tick(Plan(world, plan.state, plan.decision, plan.prefills, plan.decode,
+                                plan.events), self.lifecycle)
+        self._apply(outcome.world, outcome.events)
+        self.streak, self.dwait = outcome.world.streak, outcome.world.dwait
+        for _, _, grants in outcome.completed:
+            self._most["grants"] = max(self._most["grants"], grants)
         self.tick += 1
         if self.check:
-            after = self.tick_state()
-            self._raise(check_slots(self.num_holding_slots, self.num_slots)
-                        + check_claims(after, self.bounds(), tuple(completed),
-                                       parked_ttft=self.policy.spec.tick_budget_ms is None))
+            self._raise(check_capacity(outcome.world.seqs, self.layout)
+                        + check_claims(outcome, self.bounds()))
+        for seq_id in finished:
+            model = self._live.get(seq_id)
+            if model is not None and self.lifecycle.role_of[model.state] is Role.DECODING:
+                self._leave(seq_id, Trigger.FINISH, self.tick - 1)
+        return outcome
 
     # -- derived views ---------------------------------------------------------------------
+    def world(self) -> World:
+        """The sequences as records, each role read from its model's state."""
+        role_of = self.lifecycle.role_of
+        return World(tuple(m.rec._replace(role=role_of[m.state]) for m in self._live.values()),
+                     self.streak, self.dwait)
+
     def tick_state(self) -> TickState:
-        """The flattened snapshot a policy decides on."""
-        parked, num_waiting, num_decoding = [], 0, 0
-        for s in self._live.values():
-            if s.state == "parked_prefill":
-                parked.append(ParkedPrefill(s.seq_id, s.wait_ticks, s.chunks_left,
-                                            s.chunks_expected, s.age_ticks, s.overtaken))
-            elif s.state == "decoding":
-                num_decoding += 1
-            elif s.state == "waiting":
-                num_waiting += 1
-        return TickState(self.num_slots, num_waiting, num_decoding, tuple(parked),
-                         self.decode_wait_ticks if num_decoding else 0, self.chunk_size,
-                         None, self.memory)
+        """The snapshot a policy would decide on now (before admission)."""
+        world = self.world()
+        return tick_state(world.seqs, world, self.layout)
 
-    @property
-    def num_holding_slots(self) -> int:
-        return sum(s.state in self.lifecycle.slot_states for s in self._live.values())
+    def role(self, seq_id: int) -> Role | None:
+        model = self._live.get(seq_id)
+        return None if model is None else self.lifecycle.role_of[model.state]
 
-    def sequence(self, seq_id: int) -> Sequence | None:
+    def sequence(self, seq_id: int) -> SeqModel | None:
         return self._live.get(seq_id)
 
-    def sequences(self) -> list[Sequence]:
-        """The live sequences, in submission order."""
+    def sequences(self) -> list[SeqModel]:
+        """The live sequences, in arrival order."""
         return list(self._live.values())
 
     def bounds(self) -> Bounds:
-        """The policy's claims for this scheduler's slots and the longest prompt seen."""
-        if self.max_chunks_seen not in self._bounds:
-            self._bounds[self.max_chunks_seen] = Bounds.of(
-                self.policy, self.num_slots, self.max_chunks_seen, horizon=2**62)
-        return self._bounds[self.max_chunks_seen]
+        """The policy's claims for this layout and the largest requests seen so far (or for
+        the fixed configuration it was given)."""
+        if self._fixed is not None:
+            return self._fixed
+        m = self._most
+        key = (m["seqs"], m["chunks"], m["tokens"], m["grants"], m["max_tokens"],
+               m["unlimited"])
+        if key not in self._bounds:
+            cfg = ClaimConfig(self.layout.max_running, m["seqs"], m["chunks"], m["tokens"],
+                              None if m["unlimited"] else m["max_tokens"])
+            self._bounds[key] = Bounds.of(self.policy, cfg, max(m["grants"], m["chunks"]),
+                                          self.horizon)
+        return self._bounds[key]
 
     # -- internals -----------------------------------------------------------------------
-    def _admit(self) -> None:
-        free = self.num_slots - self.num_holding_slots
-        for seq in list(self._live.values()):
-            if free <= 0:
-                break
-            if seq.state == "waiting":
-                if self.can_admit is not None and not self.can_admit(seq):
-                    break  # FIFO: a sequence that does not fit blocks the ones behind it
-                self._fire(seq, "admit", "admit")
-                self.max_chunks_seen = max(self.max_chunks_seen, seq.num_chunks)
-                free -= 1
+    def _leave(self, seq_id: int, trigger: Trigger, tick: int | None = None) -> bool:
+        if seq_id not in self._live:
+            return False
+        world, event = leave(self.world(), seq_id, trigger, self.lifecycle)
+        self._apply(world, (event,), tick)
+        if not any(self.lifecycle.role_of[m.state] is Role.DECODING
+                   for m in self._live.values()):
+            self.dwait = 0
+        return True
 
-    def _fire(self, seq: Sequence, trigger: str, rule: str) -> None:
-        src = seq.state
-        seq.trigger(trigger)
-        self.trace.record(TraceEvent(self.tick, seq.seq_id, src, seq.state, trigger, rule,
-                                     self.clock()))
-        if seq.state in self.lifecycle.terminal:
-            self.machine.remove_model(seq)
-            del self._live[seq.seq_id]
+    def _apply(self, world: World, events: Collection[Event], tick: int | None = None) -> None:
+        # Fire each event's trigger on its model (the Machine checks the edge), then take the
+        # step function's records: the model's state and the record must agree.
+        recs = {s.seq_id: s for s in world.seqs}
+        for e in events:
+            model = self._live[e.seq_id]
+            model.rec = e.rec  # what the edge's guards read
+            src = model.state
+            model.trigger(e.trigger.value)
+            role = self.lifecycle.role_of[model.state]
+            assert role is e.dst, f"the machine moved seq {e.seq_id} to {role}, not {e.dst}"
+            self.trace.record(TraceEvent(self.tick if tick is None else tick, e.seq_id, src,
+                                         model.state, e.trigger.value, e.rule, self.clock()))
+            if role.terminal:
+                self.machine.remove_model(model)
+                del self._live[e.seq_id]
+        for seq_id, rec in recs.items():
+            if seq_id in self._live:
+                self._live[seq_id].rec = rec
 
-    def _raise(self, violations: list) -> None:  # type: ignore[type-arg]
+    def _raise(self, violations: list[Violation]) -> None:
         if violations:
             raise InvariantViolation(violations)
+
+
+def require_kv_roles(lifecycle: Lifecycle, policy: Policy) -> None:
+    """A policy that preempts under a KV budget needs the lifecycle's preemption states."""
+    if policy.spec.kv_full == "recompute":
+        lifecycle.require((Role.PREEMPTED,), f"kv_full: recompute (policy {policy.name})")
+    elif policy.spec.kv_full == "pause":
+        lifecycle.require((Role.PAUSED, Role.PREEMPTED), f"kv_full: pause (policy {policy.name})")

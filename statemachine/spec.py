@@ -20,19 +20,32 @@ DEFAULT_POLICY = "deadline"
 Action = Literal["idle", "decode", "prefill", "mixed"]
 ACTIONS: tuple[Action, ...] = ("idle", "decode", "prefill", "mixed")
 PICKS = ("round_robin", "oldest_first", "fewest_left")
-CLAIMS = ("wait_ticks", "ttft_ticks", "overtakes", "decode_wait_ticks")
+# What the scheduler does when the KV budget cannot hold this tick's decode tokens or an arrival:
+# queue: admission reserves prompt + max_tokens, so running sequences never run out; arrivals
+#   wait. recompute: KV is counted as used; the youngest running sequence drops its KV and is
+#   re-prefilled later. pause: the youngest decoding sequences keep their KV and pause until
+#   there is room (the youngest paused one is dropped when nothing else can run).
+KV_FULL = ("queue", "recompute", "pause")
+# Claims a policy must make (`unbounded` is an honest answer), then the two it may make: when
+# omitted, they are the bounds that follow from the others (docs/specs.md). A claim may name
+# the claims before it in this order.
+BASE_CLAIMS = ("wait_ticks", "overtakes", "decode_wait_ticks", "preemptions", "queue_ticks")
+DERIVED_CLAIMS = ("first_grant_ticks", "ttft_ticks")
+CLAIMS = (*BASE_CLAIMS, *DERIVED_CLAIMS)
 
 # Names a rule condition (and the grants / chunk_tokens sizes) may use: TickState fields, each
 # with the range of its values (a division by a name whose range holds 0 is refused at load).
 STATE_FIELDS: dict[str, Var] = {
-    "num_slots": Var(low=1), "num_free_slots": Var(low=0), "num_waiting": Var(low=0),
-    "num_parked": Var(low=0), "num_decoding": Var(low=0), "decode_streak": Var(low=0),
-    "decode_wait_ticks": Var(low=0), "max_wait_ticks": Var(low=0), "chunk_size": Var(low=1),
-    "budget_tokens": Var(low=0),
+    "max_running": Var(low=1), "num_running": Var(low=0), "num_waiting": Var(low=0),
+    "num_parked": Var(low=0), "num_decoding": Var(low=0), "num_paused": Var(low=0),
+    "decode_streak": Var(low=0), "decode_wait_ticks": Var(low=0), "max_wait_ticks": Var(low=0),
+    "chunk_size": Var(low=1), "budget_tokens": Var(low=0),
 }
-# Names a claim may use besides the parameters: the configuration being checked.
-CLAIM_FIELDS: dict[str, Var] = {"slots": Var(low=1), "chunks": Var(low=1),
-                                "max_chunks": Var(low=1)}
+# Names a claim may use besides the parameters: the configuration being checked (max_tokens is
+# unbounded when requests may generate forever: a claim that uses it is then unbounded too).
+CLAIM_FIELDS: dict[str, Var] = {"max_running": Var(low=1), "max_seqs": Var(low=1),
+                                "chunks": Var(low=1), "max_chunks": Var(low=1),
+                                "max_prompt_tokens": Var(low=1), "max_tokens": Var(low=1)}
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -83,6 +96,7 @@ class PolicySpec:
     chunk_tokens: Expr
     rules: tuple[Rule, ...]
     claims: dict[str, Expr | None]  # None: the policy honestly claims no bound
+    kv_full: str = "recompute"
     # Milliseconds a tick may take (over parameters and the measured `decode_step_ms`); the
     # engine turns it into `budget_tokens` for each tick. None: no latency target.
     tick_budget_ms: Expr | None = None
@@ -126,7 +140,7 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
     if not isinstance(doc, dict):
         raise src.error((), "a policy spec is a mapping with name, doc, pick, rules, claims")
     _known_keys(src, (), doc, {"name", "doc", "parameters", "pick", "grants", "chunk_tokens",
-                               "rules", "claims", "tick_budget_ms"})
+                               "rules", "claims", "tick_budget_ms", "kv_full"})
     name = _required(src, ("name",), doc, str)
     if not _NAME.match(name):
         raise src.error(("name",), "must be lower_snake_case letters, digits and _")
@@ -136,6 +150,9 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
     pick = doc.get("pick", "round_robin")
     if pick not in PICKS:
         raise src.error(("pick",), f"unknown pick rule {pick!r}; allowed: {', '.join(PICKS)}")
+    kv_full = doc.get("kv_full", "recompute")
+    if kv_full not in KV_FULL:
+        raise src.error(("kv_full",), f"unknown {kv_full!r}; allowed: {', '.join(KV_FULL)}")
     return PolicySpec(
         name=name,
         doc=_required(src, ("doc",), doc, str).strip(),
@@ -147,6 +164,7 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
                            names, "num"),
         rules=_rules(src, doc.get("rules"), names),
         claims=_claims(src, doc.get("claims"), {**CLAIM_FIELDS, **param_vars}),
+        kv_full=kv_full,
         tick_budget_ms=None if "tick_budget_ms" not in doc else _expr(
             src, ("tick_budget_ms",), doc["tick_budget_ms"],
             {"decode_step_ms": Var(low=0), **param_vars}, "num"),
@@ -231,13 +249,16 @@ def _rules(src: Source, raw: Any, names: dict[str, Var]) -> tuple[Rule, ...]:
 
 def _claims(src: Source, raw: Any, names: dict[str, Var]) -> dict[str, Expr | None]:
     if not isinstance(raw, dict):
-        raise src.error(("claims",), f"must be a mapping with {', '.join(CLAIMS)}")
+        raise src.error(("claims",), f"must be a mapping with {', '.join(BASE_CLAIMS)}")
     _known_keys(src, ("claims",), raw, set(CLAIMS))
     out: dict[str, Expr | None] = {}
+    scope = dict(names)
     for claim in CLAIMS:
-        if claim not in raw:
+        if claim in raw:
+            value = raw[claim]
+            out[claim] = None if value == "unbounded" else \
+                _expr(src, ("claims", claim), value, scope, "num")
+        elif claim not in DERIVED_CLAIMS:  # a derived one defaults to the bound that follows
             raise src.error(("claims", claim), "is required (write `unbounded` if there is none)")
-        value = raw[claim]
-        out[claim] = None if value == "unbounded" else \
-            _expr(src, ("claims", claim), value, names, "num")
+        scope[claim] = Var(low=0)  # the claims after it may name it
     return out

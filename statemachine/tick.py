@@ -2,66 +2,58 @@
 
 `decide_tick` reads nothing but its arguments and changes nothing; the Decision it returns
 carries the policy memory for the next tick, so no caller can take one without the other.
-`parked_after_tick` and `decode_wait_after_tick` are the one definition of how the per-tick
-counters move; the scheduler core and the exhaustive checker both use them.
+How a Decision changes the sequences is `statemachine.world` (the one step function).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from statemachine.spec import Action, PolicySpec, load_policy
 
 
-@dataclass(frozen=True)
-class PolicyMemory:
+class PolicyMemory(NamedTuple):
     """What a policy carries from one tick to the next."""
 
     decode_streak: int = 0  # consecutive decode-only ticks while a prefill was parked
 
 
-@dataclass(frozen=True)
-class ParkedPrefill:
-    """A sequence that holds a slot and waits for a tick to run its next prompt chunk."""
+class ParkedPrefill(NamedTuple):
+    """A sequence that holds KV and waits for a tick to run its next prompt slice."""
 
     seq_id: int
     wait_ticks: int = 0
     chunks_left: int = 1
-    num_chunks: int = 1
-    age_ticks: int = 0
-    overtaken: int = 0
 
 
-@dataclass(frozen=True)
-class TickState:
-    """Everything a policy may look at, as of the start of a tick. `parked` is in admission
-    order (oldest first)."""
+class TickState(NamedTuple):
+    """Everything a policy may look at, as of the start of a tick (after admission). `parked`
+    is in arrival order (oldest first). A named tuple: the checker hashes millions of them."""
 
-    num_slots: int
-    num_waiting: int = 0
+    max_running: int
+    num_running: int = 0
+    num_waiting: int = 0  # queued or preempted: no KV held
     num_decoding: int = 0
+    num_paused: int = 0
     parked: tuple[ParkedPrefill, ...] = ()
     decode_wait_ticks: int = 0  # ticks the decoding sequences have gone without a step
     chunk_size: int = 1
     budget_tokens: int | None = None  # prefill tokens that fit this tick's latency target
-    memory: PolicyMemory = field(default_factory=PolicyMemory)
+    memory: PolicyMemory = PolicyMemory()
 
     @property
     def num_parked(self) -> int:
         return len(self.parked)
 
-    @property
-    def num_free_slots(self) -> int:
-        return self.num_slots - self.num_parked - self.num_decoding
-
     def env(self) -> dict[str, int]:
         """The state fields by the names policy expressions use."""
         return {
-            "num_slots": self.num_slots, "num_free_slots": self.num_free_slots,
+            "max_running": self.max_running, "num_running": self.num_running,
             "num_waiting": self.num_waiting, "num_parked": len(self.parked),
-            "num_decoding": self.num_decoding, "decode_streak": self.memory.decode_streak,
+            "num_decoding": self.num_decoding, "num_paused": self.num_paused,
+            "decode_streak": self.memory.decode_streak,
             "decode_wait_ticks": self.decode_wait_ticks,
             "max_wait_ticks": max((p.wait_ticks for p in self.parked), default=0),
             "chunk_size": self.chunk_size,
@@ -79,7 +71,7 @@ class Decision:
     rule: str
     granted: tuple[int, ...] = ()
     chunk_tokens: int = 0
-    memory: PolicyMemory = field(default_factory=PolicyMemory)
+    memory: PolicyMemory = PolicyMemory()
 
     @property
     def decodes(self) -> bool:
@@ -97,10 +89,17 @@ class Policy:
     def name(self) -> str:
         return self.spec.name
 
-    def claim(self, name: str, **config: int) -> int | None:
-        """The bound a claim states for `config` (slots, chunks, max_chunks); None: unbounded."""
-        expr = self.spec.claims[name]
-        return None if expr is None else int(expr({**self.params, **config}))
+    def claim(self, name: str, **config: int | None) -> int | None:
+        """The bound a declared claim states for `config` (max_running, max_seqs, chunks,
+        max_chunks, max_tokens, and for a derived claim the base claims' values); None when it
+        is unbounded, or uses a configuration value that is (max_tokens=None: no limit)."""
+        expr = self.spec.claims.get(name)
+        if expr is None:
+            return None
+        env = {**self.params, **config}
+        if any(env.get(n) is None for n in expr.names):
+            return None
+        return int(expr(env))
 
 
 def make_policy(spec: PolicySpec | str, overrides: Mapping[str, Any] | None = None,
@@ -153,19 +152,3 @@ def pick_order(state: TickState, pick: str) -> list[ParkedPrefill]:
     if pick == "fewest_left":
         return sorted(parked, key=lambda p: p.chunks_left)
     return parked  # oldest_first
-
-
-def decode_wait_after_tick(state: TickState, decision: Decision) -> int:
-    """Ticks the decoding sequences have gone without a step, after this tick."""
-    if decision.decodes or state.num_decoding == 0:
-        return 0
-    return state.decode_wait_ticks + 1
-
-
-def parked_after_tick(p: ParkedPrefill, decision: Decision) -> tuple[int, int, int]:
-    """(wait_ticks, age_ticks, overtaken) of a parked prefill after one tick."""
-    granted = p.seq_id in decision.granted
-    others = len(decision.granted) - granted
-    if granted:
-        return 0, p.age_ticks + 1, 0
-    return p.wait_ticks + 1, p.age_ticks + 1, p.overtaken + others

@@ -117,11 +117,11 @@ def test_a_divisor_that_can_be_zero_is_refused_with_a_fix():
 @pytest.mark.parametrize("source", [
     "10 // num_parked",
     "num_parked > 0 and 10 // num_parked > 1",  # conditions are not read: write max(1, ...)
-    "chunk_size // (num_slots - 1)",
-    "chunk_size // (num_slots - num_parked)",
-    "chunk_size // min(num_slots, num_waiting)",
-    "chunk_size // (num_slots // 2)",
-    "chunk_size // (num_slots * num_decoding)",
+    "chunk_size // (max_running - 1)",
+    "chunk_size // (max_running - num_parked)",
+    "chunk_size // min(max_running, num_waiting)",
+    "chunk_size // (max_running // 2)",
+    "chunk_size // (max_running * num_decoding)",
     "chunk_size // -num_parked",
     "chunk_size // 0",
     "chunk_size // (budget_tokens // chunk_size)",
@@ -131,13 +131,13 @@ def test_divisions_that_can_divide_by_zero_are_refused(source):
 
 
 @pytest.mark.parametrize(("source", "env", "expected"), [
-    ("10 // num_slots", {"num_slots": 4}, 2),
+    ("10 // max_running", {"max_running": 4}, 2),
     ("10 // max(1, num_parked)", {"num_parked": 0}, 10),
     ("10 // (num_parked + 1)", {"num_parked": 0}, 10),
     ("num_waiting // 2", {"num_waiting": 5}, 2),
-    ("10 // (num_slots * chunk_size)", {"num_slots": 2, "chunk_size": 2}, 2),
-    ("10 // (2 * num_slots - 1)", {"num_slots": 1}, 10),
-    ("10 // -num_slots", {"num_slots": 3}, -4),
+    ("10 // (max_running * chunk_size)", {"max_running": 2, "chunk_size": 2}, 2),
+    ("10 // (2 * max_running - 1)", {"max_running": 1}, 10),
+    ("10 // -max_running", {"max_running": 3}, -4),
     ("10 // max(num_parked, chunk_size // 2, 1)", {"num_parked": 0, "chunk_size": 1}, 10),
     ("10 // 0.5", {}, 20.0),
 ])

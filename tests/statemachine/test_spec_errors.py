@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from server.cli import main as cli_main
-from statemachine.lifecycle import load_lifecycle
 from statemachine.spec import load_policy, shipped_policy_names
 from statemachine.yamlsrc import MAX_BYTES, MAX_VALUES, SpecError, load_source
 
@@ -23,9 +22,11 @@ rules:
   - {name: rest, when: true, action: prefill}
 claims:
   wait_ticks: every
-  ttft_ticks: chunks * every
-  overtakes: slots
+  overtakes: max_running
   decode_wait_ticks: unbounded
+  preemptions: max_seqs * max_tokens
+  queue_ticks: unbounded
+  ttft_ticks: chunks * every
 """
 
 
@@ -72,10 +73,10 @@ def test_every_shipped_policy_loads(name):
     ("when: num_decoding > 0", "when: num_decoding + 1", 10, "rules.1.when",
      "expected a condition"),
     ("name: decode,", "name: go,", 10, "rules.1.name", "duplicate rule name"),
-    ("  overtakes: slots\n", "", 13, "claims.overtakes", "is required"),
+    ("  overtakes: max_running\n", "", 13, "claims.overtakes", "is required"),
     ("wait_ticks: every", "wait_ticks: every > 1", 13, "claims.wait_ticks",
      "expected a number"),
-    ("ttft_ticks: chunks * every", "ttft_ticks: chunks * evrey", 14, "claims.ttft_ticks",
+    ("ttft_ticks: chunks * every", "ttft_ticks: chunks * evrey", 18, "claims.ttft_ticks",
      "unknown name 'evrey'"),
 ])
 def test_policy_errors(tmp_path, old, new, line, field, message):
@@ -88,60 +89,6 @@ def test_policy_errors(tmp_path, old, new, line, field, message):
 def test_missing_policy_file_lists_the_shipped_ones():
     with pytest.raises(SpecError, match="shipped: .*deadline"):
         load_policy("no_such_policy")
-
-
-GOOD_LIFECYCLE = """\
-initial: waiting
-terminal: [finished, aborted]
-slot_states: [parked_prefill, prefilling, decoding]
-states:
-  waiting: queued
-  parked_prefill: parked
-  prefilling: running a chunk
-  decoding: decoding
-  finished: done
-  aborted: cancelled
-guards:
-  has_prefill_left: prompt left
-transitions:
-  - {trigger: admit, source: waiting, dest: parked_prefill}
-  - {trigger: grant, source: parked_prefill, dest: prefilling}
-  - {trigger: chunk_done, source: prefilling, dest: parked_prefill, conditions: [has_prefill_left]}
-  - {trigger: chunk_done, source: prefilling, dest: decoding, unless: [has_prefill_left]}
-  - {trigger: finish, source: decoding, dest: finished}
-  - {trigger: abort, source: [waiting, parked_prefill, prefilling, decoding], dest: aborted}
-"""
-
-
-def test_a_state_without_exit_is_rejected(tmp_path):
-    text = GOOD_LIFECYCLE.replace("  aborted: cancelled\n", "  aborted: cancelled\n  stuck: x\n")
-    text += "  - {trigger: hold, source: waiting, dest: stuck}\n"
-    err = error_of(load_lifecycle, write(tmp_path, text))
-    assert (err.line, err.field) == (11, "states.stuck")
-    assert "no transition leaves it" in err.message
-
-
-def test_the_good_lifecycle_loads(tmp_path):
-    life = load_lifecycle(write(tmp_path, GOOD_LIFECYCLE))
-    assert life.terminal == {"finished", "aborted"}
-
-
-@pytest.mark.parametrize(("old", "new", "line", "field", "message"), [
-    ("dest: finished}", "dest: done}", 18, "transitions.4.dest", "unknown state 'done'"),
-    ("  aborted: cancelled", "  aborted: cancelled\n  limbo: never entered", 11, "states.limbo",
-     "unreachable"),
-    ("guards:\n  has_prefill_left: prompt left", "guards:\n  has_prefill_left: prompt left\n"
-     "  is_lucky: unbound", 13, "guards.is_lucky", "cannot bind guard 'is_lucky'"),
-    ("conditions: [has_prefill_left]", "conditions: [is_long]", 16,
-     "transitions.2.conditions", "'is_long' is not declared"),
-    (", unless: [has_prefill_left]", "", 17, "transitions.3", "declared twice"),
-    ("initial: waiting", "initial: queued", 1, "initial", "unknown state 'queued'"),
-])
-def test_lifecycle_errors(tmp_path, old, new, line, field, message):
-    assert old in GOOD_LIFECYCLE
-    err = error_of(load_lifecycle, write(tmp_path, GOOD_LIFECYCLE.replace(old, new, 1)))
-    assert (err.line, err.field) == (line, field)
-    assert message in err.message
 
 
 # -- malformed at any depth or size: exit 2 with file, line, field and a short excerpt --------
@@ -183,7 +130,7 @@ MALFORMED = {
                          "cannot be 0, e.g. max(1, num_parked)"),
     "a divisor parameter with 0 in range": (
         GOOD_POLICY.replace("range: [1, 10]", "range: [0, 10]").replace(
-            "overtakes: slots", "overtakes: slots // every"), 15, "claims.overtakes",
+            "overtakes: max_running", "overtakes: max_running // every"), 14, "claims.overtakes",
         "'every' can be 0 (it ranges over [0, 10])", "max(1, every)"),
     "a merge key": (GOOD_POLICY.replace("doc: a policy", "doc: a policy\nx: {<<: {a: 1}}"), 3,
                     "x", "merge keys (<<) are not supported", ""),
@@ -230,18 +177,18 @@ def test_fairtick_serve_refuses_a_malformed_spec(malformed, capsys):
 def test_legitimate_divisions_load(tmp_path):
     text = GOOD_POLICY.replace("pick: round_robin", "pick: round_robin\n"
                                "chunk_tokens: chunk_size // max(1, num_parked)\n"
-                               "grants: max(1, num_slots // 2)")
-    text = text.replace(RULE_WHEN, "when: decode_streak >= 10 // every + chunk_size // num_slots"
+                               "grants: max(1, max_running // 2)")
+    text = text.replace(RULE_WHEN, "when: decode_streak >= 10 // every + chunk_size // max_running"
                         " + num_waiting // (num_parked + 1)")
-    text = text.replace("overtakes: slots", "overtakes: (2 * slots) // (slots * chunks)")
+    text = text.replace("overtakes: max_running", "overtakes: (2 * max_running) // (max_running * chunks)")
     spec = load_policy(write(tmp_path, text))
     assert spec.chunk_tokens({"chunk_size": 8, "num_parked": 0}) == 8
     assert spec.chunk_tokens({"chunk_size": 8, "num_parked": 3}) == 2
-    assert spec.grants({"num_slots": 1}) == 1
-    env = {"decode_streak": 5, "every": 2, "chunk_size": 4, "num_slots": 4, "num_waiting": 3,
+    assert spec.grants({"max_running": 1}) == 1
+    env = {"decode_streak": 5, "every": 2, "chunk_size": 4, "max_running": 4, "num_waiting": 3,
            "num_parked": 0}
     assert spec.rules[0].when(env) is False  # 5 >= 5 + 1 + 3 is false
-    assert spec.claims["overtakes"]({"slots": 3, "chunks": 1, "every": 2}) == 2
+    assert spec.claims["overtakes"]({"max_running": 3, "chunks": 1, "every": 2}) == 2
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
@@ -266,17 +213,6 @@ def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
     err = error_of(load_policy, path)
     assert (err.line, err.field) == (2, "<file>")
     assert "is not UTF-8 text (byte 0xe9" in err.message
-
-
-def test_a_lifecycle_gets_the_same_limits(tmp_path):
-    text = GOOD_LIFECYCLE.replace("initial: waiting", "initial: &start waiting")
-    err = error_of(load_lifecycle, write(tmp_path, text, "life.yaml"))
-    assert (err.line, err.field) == (1, "initial")
-    assert "anchors and aliases are not supported" in err.message
-    deep = GOOD_LIFECYCLE.replace("terminal: [finished, aborted]",
-                                  "terminal: " + "[" * 100 + "]" * 100)
-    err = error_of(load_lifecycle, write(tmp_path, deep, "deep.yaml"))
-    assert err.line == 2 and "nested deeper than 32" in err.message
 
 
 def test_the_values_limit_is_exact(tmp_path):
