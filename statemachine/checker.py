@@ -1,80 +1,90 @@
-"""`fairtick check`: exhaustive, bounded, breadth-first exploration of a policy.
+"""`fairtick check`'s engine: exhaustive, bounded, breadth-first exploration of a policy.
 
-The model: at most `max_seqs` live sequences, each prompt 1..`max_chunks` chunks, `slots`
-slots. Between ticks the environment may let a sequence arrive, abort any live sequence, or
-finish a decoding one; a tick admits waiting sequences FIFO, asks the real `decide_tick`, and
-applies the Decision through the lifecycle spec's edges. Every interleaving is explored.
-
-The state is each live sequence's (phase, prefill left, chunks, wait, age, overtaken) in
-arrival order plus the decode streak and decode wait. Terminal sequences are dropped and ids
-renumbered, which is exact (identities never matter, only order). Counters are capped one past
-the claimed bound (a larger value is already a violation), or at the starvation horizon when
-the claim is `unbounded`; counters no claim or rule reads are not tracked at all. This is exact
-as long as rule conditions compare counters only against thresholds below those caps.
+The world is a real (small) scheduler configuration: at most `max_seqs` live sequences, prompts
+of 1..`max_chunks` chunks, `max_running` running, optionally a KV budget and a largest
+`max_tokens`. Between ticks the environment may let a sequence arrive, abort any live one, or
+finish a decoding one; a tick is the scheduler's own step function (statemachine.world) with
+the real `decide_tick`, and, where the policy has a latency target, every budget the spec's
+comparisons tell apart. Every interleaving is explored; a state that violates a claim is not
+expanded further. The abstractions (statemachine.abstraction) are exact by construction:
+capped counters, one observed sequence whose claim counters are tracked (any sequence can be
+the observed one), and, where no preemption can happen, running sequences the policy cannot
+tell apart kept in a canonical order.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
+import resource
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
+from statemachine.abstraction import MAX_CHUNK_SIZE, Abstraction, analyse
 from statemachine.invariants import (
-    UNIVERSAL,
     Bounds,
+    ClaimConfig,
     Violation,
+    check_capacity,
     check_claims,
     check_decision,
-    check_slots,
 )
-from statemachine.lifecycle import Lifecycle, load_lifecycle
-from statemachine.spec import CLAIMS
-from statemachine.tick import (
-    ParkedPrefill,
-    Policy,
-    PolicyMemory,
-    TickState,
-    decide_tick,
-    decode_wait_after_tick,
-    parked_after_tick,
+from statemachine.lifecycle import Lifecycle, Role, Trigger, load_lifecycle
+from statemachine.tick import Decision, Policy, TickState, decide_tick
+from statemachine.world import (
+    Layout,
+    Plan,
+    Seq,
+    World,
+    admissible,
+    begin_tick,
+    end_tick,
+    leave,
 )
 
-
-class SeqRec(NamedTuple):
-    """One sequence in the checker's state (a tuple: states are hashed millions of times)."""
-
-    seq_id: int
-    phase: str
-    prefill_left: int
-    num_chunks: int
-    wait: int = 0
-    age: int = 0
-    overtaken: int = 0
-
-    def has_prefill_left(self) -> bool:
-        return self.prefill_left > 0
-
-
-class World(NamedTuple):
-    seqs: tuple[SeqRec, ...]
-    streak: int = 0
-    dwait: int = 0
-
-
-Label = tuple[str, int]  # ("arrive", chunks) | ("abort", index) | ("finish", index) | ("tick", 0)
+Label = tuple[Any, ...]  # ("arrive", tokens, max_tokens, observed) | ("abort", i) |
+# ("finish", i) | ("tick", budget or None, granted seqs whose slice ends their prompt);
+# indices are positions in the canonical order
+Key = tuple[Any, ...]
+SOME = 1 << 20  # prompt tokens left when progress is not tracked: more than any slice
 
 
 @dataclass(frozen=True)
-class Step:
-    """One explored edge: the label, the resulting world, trace events, violations."""
+class CheckLayout:
+    """The configuration explored. `max_tokens=None`: streams may decode forever (the worst
+    case for fairness); a KV budget needs a finite `max_tokens`."""
 
-    label: Label
-    world: World
-    events: tuple[tuple[int, str, str, str, str], ...]  # (seq, from, to, trigger, rule)
-    violations: tuple[Violation, ...]
-    note: str = ""
+    max_seqs: int = 5
+    max_chunks: int = 4
+    max_running: int = 4
+    max_tokens: int | None = None
+    kv_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_chunks", "max_running", "max_tokens", "kv_budget"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.kv_budget is not None and self.max_tokens is None:
+            raise ValueError("a KV budget needs a finite --max-tokens")
+
+    @property
+    def name(self) -> str:
+        return "streams" if self.kv_budget is None else "memory"
+
+    def describe(self) -> str:
+        gen = "unbounded" if self.max_tokens is None else f"<= {self.max_tokens}"
+        kv = "unlimited" if self.kv_budget is None else f"{self.kv_budget} tokens"
+        return (f"{self.max_seqs} sequences, 1..{self.max_chunks} chunks, {self.max_running} "
+                f"running, max_tokens {gen}, KV {kv}")
+
+
+STREAMS = CheckLayout()
+MEMORY = CheckLayout(max_tokens=2, kv_budget=8)
 
 
 @dataclass
@@ -82,16 +92,17 @@ class Report:
     """What a check found."""
 
     policy: Policy
-    max_seqs: int
-    max_chunks: int
-    slots: int
+    layout: CheckLayout
     bounds: Bounds
+    abstraction: Abstraction
     states: int = 0
     edges: int = 0
     depth: int = 0
     seconds: float = 0.0
+    peak_rss_mb: float = 0.0
     max_seen: dict[str, int] = field(default_factory=dict)
-    counterexamples: dict[str, tuple[Violation, list[Label]]] = field(default_factory=dict)
+    # claim -> (violation, path of labels, chunk size)
+    counterexamples: dict[str, tuple[Violation, list[Label], int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -99,245 +110,343 @@ class Report:
 
 
 class Checker:
-    """Explores every interleaving for one policy and configuration."""
+    """Explores every interleaving for one policy and layout."""
 
-    def __init__(self, policy: Policy, max_seqs: int = 4, max_chunks: int = 4, slots: int = 4,
-                 horizon: int = 8, lifecycle: Lifecycle | None = None) -> None:
-        if min(max_seqs, max_chunks, slots) < 1:
-            raise ValueError("--max-seqs, --max-chunks and --slots must be >= 1")
-        self.policy, self.max_seqs, self.max_chunks, self.slots = \
-            policy, max_seqs, max_chunks, slots
+    def __init__(self, policy: Policy, layout: CheckLayout = STREAMS,
+                 lifecycle: Lifecycle | None = None, horizon: int = 8,
+                 reduce: bool = True) -> None:
+        self.policy, self.layout, self.horizon = policy, layout, horizon
         self.lifecycle = lifecycle or load_lifecycle()
-        self.bounds = Bounds.of(policy, slots, max_chunks, horizon)
-        self._caps = self._make_caps(horizon)
-        # With the TTFT claim implied, neither ages nor prompt sizes need to be in the state.
-        self._checked = replace(self.bounds, ttft_by_chunks=(None,)) if self.ttft_implied \
-            else self.bounds
+        if layout.kv_budget is not None:
+            from statemachine.scheduler import require_kv_roles
 
-    @property
-    def ttft_implied(self) -> bool:
-        """A C-chunk prompt is granted C times, each within wait_ticks + 1 ticks of the last
-        (or of admission), so a TTFT claim >= C * (wait_ticks + 1) follows from the wait claim
-        and needs no age counter (which would multiply the state space)."""
-        w = self.bounds.wait_ticks
-        return w is not None and all(
-            t is not None and t >= c * (w + 1)
-            for c, t in enumerate(self.bounds.ttft_by_chunks) if c > 0)
+            require_kv_roles(self.lifecycle, policy)
+        self.max_grants = layout.max_chunks * MAX_CHUNK_SIZE * 4
+        self._bounds: dict[int, Bounds] = {}
+        self.abs = analyse(policy, self.bounds, layout.max_running, layout.max_seqs,
+                           layout.kv_budget, horizon)
+        # reduce=False: the naive explorer (for tests of the reductions): arrival order, every
+        # sequence's counters tracked, no ranks.
+        self.reduce = reduce
+        if not reduce:
+            over = self.bounds(self.abs.chunk_sizes[-1]).overtakes
+            self.abs = dataclasses.replace(self.abs, sort_parked=False, rank_waits=False,
+                                           wait_visible=True, overtakes_follow=False,
+                                           overtaken_cap=0 if over is None else over + 1)
+        a = self.abs
+        self.tracks_observed = reduce and (not a.wait_visible or a.rank_waits or any(
+            (a.overtaken_cap, a.queue_cap, a.preemptions_cap, a.age_cap, a.grants_cap)))
+        # Without preemption, only arrival order within the parked and the queued matters.
+        self.grouped = reduce and (layout.kv_budget is None or policy.spec.kv_full == "queue")
+        self._decisions: dict[TickState, Decision] = {}
 
-    def _make_caps(self, horizon: int) -> tuple[int, int, int, int, int]:
-        b, spec = self.bounds, self.policy.spec
-        seen = set().union(*(r.when.names for r in spec.rules), spec.grants.names,
-                           spec.chunk_tokens.names)
-        finite = [x for x in (b.wait_ticks, b.overtakes, b.decode_wait_ticks,
-                              *b.ttft_by_chunks) if x is not None]
-        wait = b.wait_ticks + 1 if b.wait_ticks is not None else horizon
-        visible = max([wait, *(int(v) + 1 for v in self.policy.params.values()),
-                       *(x + 1 for x in finite)])
-        ttfts = [t for t in b.ttft_by_chunks if t is not None]
-        age = max(ttfts) + 1 if len(ttfts) == len(b.ttft_by_chunks) else 0
-        if self.ttft_implied:
-            age = 0  # no need to track: the claim follows from the wait bound
-        over = b.overtakes + 1 if b.overtakes is not None else 0
-        if b.decode_wait_ticks is not None:
-            dwait = b.decode_wait_ticks + 1
-        else:
-            dwait = visible if "decode_wait_ticks" in seen else 0
-        streak = visible if "decode_streak" in seen else 0
-        return wait, age, over, dwait, streak
+    def claim_config(self, chunk: int) -> ClaimConfig:
+        """The configuration the claims are stated for, with prompts of this chunk size."""
+        lay = self.layout
+        return ClaimConfig(lay.max_running, lay.max_seqs, lay.max_chunks,
+                           lay.max_chunks * chunk, lay.max_tokens)
+
+    def bounds(self, chunk: int) -> Bounds:
+        """The policy's claims for prompts of this chunk size."""
+        if chunk not in self._bounds:
+            self._bounds[chunk] = Bounds.of(self.policy, self.claim_config(chunk),
+                                            self.max_grants, self.horizon)
+        return self._bounds[chunk]
 
     # -- exploration ------------------------------------------------------------------------
     def run(self, time_limit_s: float | None = None) -> Report:
-        """Breadth-first search of the whole bounded state space."""
-        report = Report(self.policy, self.max_seqs, self.max_chunks, self.slots, self.bounds)
+        """Breadth-first search of the whole bounded state space, for every chunk size the
+        spec's comparisons tell apart."""
+        report = Report(self.policy, self.layout, self.bounds(self.abs.chunk_sizes[-1]),
+                        self.abs)
         start = time.perf_counter()
-        root = World(())
-        parents: dict[World, tuple[World | None, Label | None]] = {root: (None, None)}
-        depth = {root: 0}
-        queue = deque([root])
-        while queue:
-            world = queue.popleft()
-            for step in self.successors(world):
-                report.edges += 1
-                for v in step.violations:
-                    if v.name not in report.counterexamples:
-                        path = self._path(parents, world) + [step.label]
-                        report.counterexamples[v.name] = (v, path)
-                nxt = step.world
-                if nxt not in parents:
-                    if step.label[0] == "tick":
-                        self._observe(report, nxt)
-                    parents[nxt] = (world, step.label)
-                    depth[nxt] = depth[world] + 1
-                    report.depth = max(report.depth, depth[nxt])
-                    queue.append(nxt)
-            if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
-                raise TimeoutError(f"state space not exhausted after {time_limit_s} s "
-                                   f"({len(parents)} states): lower the bounds")
-        report.states = len(parents)
+        for chunk in self.abs.chunk_sizes:
+            self._explore(chunk, report, start, time_limit_s)
         report.seconds = time.perf_counter() - start
+        report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return report
 
+    def _explore(self, chunk: int, report: Report, start: float, limit: float | None) -> None:
+        layout = self.run_layout(chunk)
+        root = self.key(World())
+        parents: dict[Key, tuple[Key, Label] | None] = {root: None}
+        queue = deque([(root, 0)])
+        while queue:
+            key, depth = queue.popleft()
+            report.depth = max(report.depth, depth)
+            for label, nkey, violations in self._successors(key, chunk, layout, report):
+                report.edges += 1
+                if violations:
+                    for v in violations:
+                        if v.name not in report.counterexamples:
+                            path = self._path(parents, key) + [label]
+                            report.counterexamples[v.name] = (v, path, chunk)
+                    continue  # a violating state is not expanded: its counters may be capped
+                if nkey not in parents:
+                    parents[nkey] = (key, label)
+                    queue.append((nkey, depth + 1))
+            if limit is not None and time.perf_counter() - start > limit:
+                raise TimeoutError(f"state space not exhausted after {limit:g} s "
+                                   f"({report.states + len(parents):,} states): lower the bounds")
+        report.states += len(parents)
+
     @staticmethod
-    def _path(parents: dict[World, tuple[World | None, Label | None]],
-              world: World) -> list[Label]:
+    def _path(parents: dict[Key, tuple[Key, Label] | None], key: Key) -> list[Label]:
         labels: list[Label] = []
-        node: World | None = world
-        while node is not None:
-            node, label = parents[node]
-            if label is not None:
-                labels.append(label)
+        link = parents[key]
+        while link is not None:
+            key, label = link
+            labels.append(label)
+            link = parents[key]
         return labels[::-1]
 
     def _observe(self, report: Report, world: World) -> None:
-        seen = report.max_seen
+        seen, exact_wait = report.max_seen, self.abs.wait_visible and not self.abs.rank_waits
         for s in world.seqs:
-            if s.phase == "parked_prefill":
+            if exact_wait and s.role is Role.PARKED:
                 seen["wait_ticks"] = max(seen.get("wait_ticks", 0), s.wait)
-                seen["overtakes"] = max(seen.get("overtakes", 0), s.overtaken)
-            if s.phase == "decoding" and s.age:
-                seen["ttft_ticks"] = max(seen.get("ttft_ticks", 0), s.age)
+            if not s.observed:
+                continue
+            for claim, value in (("wait_ticks", s.wait if s.role is Role.PARKED else 0),
+                                 ("overtakes", s.overtaken if s.role is Role.PARKED else 0),
+                                 ("queue_ticks", s.queue), ("preemptions", s.preemptions)):
+                seen[claim] = max(seen.get(claim, 0), value)
         seen["decode_wait_ticks"] = max(seen.get("decode_wait_ticks", 0), world.dwait)
 
-    def canonical(self, world: World) -> World:
-        """Renumber ids by arrival order and apply the counter caps."""
-        wait, age, over, dwait, streak = self._caps
-        implied = self.ttft_implied
-        seqs = tuple(SeqRec(i, s.phase, s.prefill_left,
-                            0 if implied and s.phase != "waiting" else s.num_chunks,
-                            min(s.wait, wait), min(s.age, age), min(s.overtaken, over))
-                     for i, s in enumerate(world.seqs))
-        has_decoding = any(s.phase == "decoding" for s in seqs)
-        return World(seqs, min(world.streak, streak), min(world.dwait, dwait) if has_decoding
-                     else 0)
+    def run_layout(self, chunk: int) -> Layout:
+        """The scheduler layout one exploration runs."""
+        return Layout(self.layout.max_running, chunk, self.layout.kv_budget)
 
-    # -- transitions --------------------------------------------------------------------------
-    def successors(self, world: World, stable: bool = False) -> Iterator[Step]:
-        """Every environment step and the tick from a canonical `world`, each leading to a
-        canonical world (with `stable`, ids are kept instead, for replaying a path)."""
-        seqs = world.seqs
-        if len(seqs) < self.max_seqs:
-            next_id = max((s.seq_id for s in seqs), default=-1) + 1
-            for c in range(1, self.max_chunks + 1):
-                yield Step(("arrive", c), world._replace(
-                    seqs=(*seqs, SeqRec(next_id, "waiting", c, c))), (), ())
-        for i, s in enumerate(seqs):
-            yield self._leave(world, i, "abort", stable)
-            if s.phase == "decoding":
-                yield self._leave(world, i, "finish", stable)
-        step = self.tick(world)
-        yield step if stable else replace(step, world=self.canonical(step.world))
+    def _successors(self, key: Key, chunk: int, layout: Layout,
+                    report: Report) -> Iterator[tuple[Label, Key, list[Violation]]]:
+        # Environment steps act on the canonical key itself (an arrival joins the end, a
+        # departure leaves its place: both keep the order canonical); a tick runs the step
+        # function on the decoded world.
+        streak, dwait, *recs = key
+        lay, n = self.layout, len(recs)
+        if n < lay.max_seqs:
+            for label, rec in self._arrival_keys(chunk, any(r[1] for r in recs)):
+                yield label, (*key, rec), []
+        for i, r in enumerate(recs):
+            rest = recs[:i] + recs[i + 1:]
+            left = (streak, dwait if any(x[0] == Role.DECODING for x in rest) else 0, *rest)
+            if self.abs.rank_waits and r[0] is Role.PARKED:
+                left = self.key(self.decode(left))  # the ranks below it close up
+            yield ("abort", i), left, []
+            if r[0] == Role.DECODING:
+                yield ("finish", i), left, []
+        world = self.decode(key)
+        for label, nxt, violations in self.ticks(world, chunk, layout):
+            if not violations:
+                self._observe(report, nxt)
+            yield label, self.key(nxt), violations
 
-    def _leave(self, world: World, i: int, trigger: str, stable: bool) -> Step:
-        s = world.seqs[i]
-        events, violations = [], []
-        try:
-            dest = self.lifecycle.next_state(s.phase, trigger, s)
-            events.append((s.seq_id, s.phase, dest, trigger, trigger))
-        except ValueError as exc:
-            violations.append(Violation("lifecycle", str(exc), s.seq_id))
-        rest = world.seqs[:i] + world.seqs[i + 1:]
-        if not stable:
-            rest = rest[:i] + tuple(SeqRec(r[0] - 1, *r[1:]) for r in rest[i:])
-        after = world._replace(seqs=rest)
-        if after.dwait and not any(r.phase == "decoding" for r in rest):
-            after = after._replace(dwait=0)
-        return Step((trigger, i), after, tuple(events), tuple(violations))
+    @functools.cache  # noqa: B019 - one checker per policy and layout, a handful of keys
+    def _arrival_keys(self, chunk: int, observing: bool) -> list[tuple[Label, Key]]:
+        return [(label, self._seq_key(self.arrival(0, label)))
+                for label in self.arrivals(chunk, observing)]
 
-    def tick(self, world: World) -> Step:
-        """Admit, decide with the real `decide_tick`, apply, check."""
-        events: list[tuple[int, str, str, str, str]] = []
-        violations: list[Violation] = []
+    def arrivals(self, chunk: int, observing: bool) -> Iterator[Label]:
+        """The arrival labels: every prompt length (any length at all, as one label, when
+        progress is not tracked), every max_tokens, observed or not (when none is)."""
+        lay = self.layout
+        observe = (False, True) if self.tracks_observed and not observing else \
+            (False,) if self.reduce else (True,)
+        gens = range(1, lay.max_tokens + 1) if lay.max_tokens is not None else (None,)
+        sizes = range(1, lay.max_chunks * chunk + 1) if self.abs.progress else (None,)
+        for tokens in sizes:
+            for max_tokens in gens:
+                if tokens is not None and admissible(tokens, max_tokens, lay.kv_budget):
+                    continue  # refused at submission: never queued
+                for obs in observe:
+                    yield ("arrive", tokens, max_tokens, obs)
 
-        def fire(s: SeqRec, trigger: str, rule: str) -> SeqRec:
-            try:
-                dest = self.lifecycle.next_state(s.phase, trigger, s)
-            except ValueError as exc:
-                violations.append(Violation("lifecycle", str(exc), s.seq_id))
-                return s
-            events.append((s.seq_id, s.phase, dest, trigger, rule))
-            return SeqRec(s[0], dest, *s[2:])
+    @staticmethod
+    def arrival(seq_id: int, label: Label) -> Seq:
+        """The sequence an arrival label brings (length None: SOME tokens, never all run)."""
+        _, tokens, max_tokens, obs = label
+        size = SOME if tokens is None else tokens
+        return Seq(seq_id, Role.QUEUED, size, max_tokens, size, observed=obs)
 
-        seqs = list(world.seqs)
-        holding = sum(s.phase in self.lifecycle.slot_states for s in seqs)
-        for i, s in enumerate(seqs):
-            if s.phase == "waiting" and holding < self.slots:
-                s = fire(s, "admit", "admit")
-                seqs[i] = SeqRec(s[0], s[1], s[2], s[3])  # counters start at 0
-                holding += 1
-        state = self._tick_state(seqs, world)
-        decision = decide_tick(state, self.policy)
-        violations += check_decision(state, decision)
-        parked = {p.seq_id: p for p in state.parked}
-        completed = []
-        for i, s in enumerate(seqs):
-            if s.seq_id in parked:
-                s = SeqRec(s[0], s[1], s[2], s[3], *parked_after_tick(parked[s.seq_id], decision))
-            if s.seq_id in decision.granted and s.phase == "parked_prefill":
-                s = fire(s, "grant", decision.rule)
-                left = s.prefill_left - min(decision.chunk_tokens, s.prefill_left)
-                s = fire(SeqRec(s[0], s[1], left, *s[3:]), "chunk_done", decision.rule)
-                if s.phase == "decoding":
-                    completed.append((s.seq_id, s.age, s.num_chunks))
-            seqs[i] = s
-        after = World(tuple(seqs), decision.memory.decode_streak,
-                      decode_wait_after_tick(state, decision))
-        violations += check_slots(sum(s.phase in self.lifecycle.slot_states for s in seqs),
-                                  self.slots)
-        violations += check_claims(self._tick_state(seqs, after), self._checked,
-                                   tuple(completed))
-        granted = f" granted {list(decision.granted)}" if decision.granted else ""
-        note = f"{decision.action} (rule {decision.rule}){granted}"
-        return Step(("tick", 0), after, tuple(events), tuple(violations), note)
+    def ticks(self, world: World, chunk: int,
+              layout: Layout) -> Iterator[tuple[Label, World, list[Violation]]]:
+        """Every tick from `world`: one per budget the policy asks about (where it has a
+        latency target), times, without tracked progress, which granted prompts end."""
+        budgets = self.abs.budgets.get(chunk, (None,))
+        decided = set()
+        for budget in budgets:
+            plan = begin_tick(world, self.policy, self.lifecycle, layout,
+                              self._give(budget), self._decide)
+            if plan.decision in decided:
+                continue  # this budget decides what another did: the same tick
+            decided.add(plan.decision)
+            granted = plan.decision.granted if not self.abs.progress else ()
+            for ends in itertools.product((False, True), repeat=len(granted)):
+                done = tuple(g for g, e in zip(granted, ends, strict=True) if e)
+                yield ("tick", budget, done), *self._end(plan, done, layout)
 
-    def _tick_state(self, seqs: list[SeqRec], world: World) -> TickState:
-        parked = tuple(ParkedPrefill(s.seq_id, s.wait, s.prefill_left, s.num_chunks, s.age,
-                                     s.overtaken) for s in seqs if s.phase == "parked_prefill")
-        num_decoding = sum(s.phase == "decoding" for s in seqs)
-        return TickState(self.slots, sum(s.phase == "waiting" for s in seqs), num_decoding,
-                         parked, world.dwait if num_decoding else 0, 1, None,
-                         PolicyMemory(world.streak))
+    def _end(self, plan: Plan, done: tuple[int, ...],
+             layout: Layout) -> tuple[World, list[Violation]]:
+        if not self.abs.progress and plan.prefills:
+            plan = self._set_progress(plan, done)
+        outcome = end_tick(plan, self.lifecycle)
+        violations = check_decision(plan.state, plan.decision) + \
+            check_capacity(outcome.world.seqs, layout) + \
+            check_claims(outcome, self.bounds(layout.chunk_size))
+        return outcome.world, violations
 
-    # -- counterexamples ------------------------------------------------------------------------
-    def replay(self, labels: list[Label]) -> list[tuple[str, list[dict[str, Any]]]]:
-        """Re-run `labels` with stable sequence ids: each step's description and trace events."""
-        world, tick = World(()), 0
-        out: list[tuple[str, list[dict[str, Any]]]] = []
-        for label in labels:
-            step = next(s for s in self.successors(world, stable=True) if s.label == label)
-            kind, arg = label
-            if kind == "arrive":
-                text = f"seq {step.world.seqs[-1].seq_id} arrives ({arg} chunks)"
-            elif kind == "tick":
-                text = f"tick {tick}: {step.note}"
-                tick += 1
-            else:
-                text = f"seq {world.seqs[arg].seq_id} {kind}s"
-            events = [{"tick": tick - (kind == "tick"), "time": None, "seq": e[0], "from": e[1],
-                       "to": e[2], "trigger": e[3], "rule": e[4]} for e in step.events]
-            out.append((text, events))
-            world = step.world
-        return out
+    def apply(self, world: World, label: Label, layout: Layout) -> tuple[World, list[Violation]]:
+        """The world after `label` (indices are positions in `world`), and what it violated."""
+        kind = label[0]
+        if kind == "arrive":
+            next_id = max((s.seq_id for s in world.seqs), default=-1) + 1
+            return world._replace(seqs=(*world.seqs, self.arrival(next_id, label))), []
+        if kind in ("abort", "finish"):
+            trigger = Trigger.ABORT if kind == "abort" else Trigger.FINISH
+            return leave(world, world.seqs[label[1]].seq_id, trigger, self.lifecycle)[0], []
+        assert kind == "tick", label
+        _, budget, done = label
+        plan = begin_tick(world, self.policy, self.lifecycle, layout, self._give(budget),
+                          self._decide)
+        return self._end(plan, done, layout)
 
-    def lasso(self, labels: list[Label], seq_index: int) -> tuple[int, int] | None:
-        """Steps (i, j) after which the lifecycle states (phases and prompt left of every
-        sequence) are equal and between which the sequence at `seq_index` in the final state
-        is never granted: the ticks i+1..j can repeat forever. None if the path has none."""
-        world, granted = World(()), set()
-        seen: dict[tuple[Any, ...], list[tuple[int, frozenset[int]]]] = {}
-        for n, label in enumerate(labels):
-            step = next(s for s in self.successors(world, stable=True) if s.label == label)
-            world = step.world
-            granted |= {e[0] for e in step.events if e[3] == "grant"}
-            key = (tuple((s.seq_id, s.phase, s.prefill_left) for s in world.seqs), world.streak > 0)
-            seen.setdefault(key, []).append((n, frozenset(granted)))
-        if seq_index >= len(world.seqs):
+    @staticmethod
+    def _give(budget: int | None) -> Callable[[TickState], int] | None:
+        if budget is None:
             return None
-        target = world.seqs[seq_index].seq_id
-        for hits in seen.values():
-            for (i, g_i), (j, g_j) in zip(hits, hits[1:], strict=False):
-                if target not in (g_j - g_i) and any(s.seq_id == target for s in world.seqs):
-                    return i + 1, j + 1
-        return None
+        return lambda _state: budget
+
+    @staticmethod
+    def _set_progress(plan: Plan, ends: tuple[int, ...]) -> Plan:
+        # Prompts of unknown length: each granted slice is the last one or not, as the label
+        # says (a prompt not yet ended has SOME tokens left, as many as a slice can take).
+        slices = {w.seq_id: w.num_tokens for w in plan.prefills}
+        seqs = tuple(s._replace(target=s.prefilled + slices[s.seq_id] + (
+            0 if s.seq_id in ends else SOME)) if s.seq_id in slices else s
+            for s in plan.world.seqs)
+        return Plan(plan.world._replace(seqs=seqs), plan.state, plan.decision, plan.prefills,
+                    plan.decode, plan.events)
+
+    def _decide(self, state: TickState, policy: Policy) -> Decision:
+        # The real decide_tick, remembered: it is pure, and many worlds share a TickState.
+        decision = self._decisions.get(state)
+        if decision is None:
+            decision = self._decisions[state] = decide_tick(state, policy)
+        return decision
+
+    # -- canonical form --------------------------------------------------------------------------
+    def key(self, world: World) -> Key:
+        """The canonical, hashable form of a world: counters capped or dropped as the
+        abstraction allows, sequences renumbered (and grouped where order cannot matter)."""
+        recs = [self._seq_key(s) for s in world.seqs]
+        order = self.order(world, recs)
+        if self.abs.rank_waits:
+            self._rank(world, recs, order)
+        return (min(world.streak, self.abs.streak_cap), min(world.dwait, self.abs.dwait_cap),
+                *(recs[i] for i in order))
+
+    def _rank(self, world: World, recs: list[tuple[int, ...]], order: list[int]) -> None:
+        # The policy sees parked waits only through their order: an unobserved prompt's wait
+        # becomes the smallest value with the same order (ties included) relative to the
+        # others and to the observed prompt's exact wait. It never exceeds the true wait
+        # where it could matter for a claim, and it grows and resets the same way.
+        parked = [i for i in order if world.seqs[i].role is Role.PARKED]
+        values = sorted({world.seqs[i].wait for i in parked}, reverse=True)
+        observed = next((i for i in parked if world.seqs[i].observed), None)
+        if observed is None:
+            synthetic = {v: len(values) - 1 - r for r, v in enumerate(values)}
+        else:
+            anchor, exact = values.index(world.seqs[observed].wait), recs[observed][7]
+            synthetic = {v: max(0, exact + anchor - r) for r, v in enumerate(values)}
+        for i in parked:
+            if i != observed:
+                r = recs[i]
+                recs[i] = (*r[:7], synthetic[world.seqs[i].wait], *r[8:])
+
+    def order(self, world: World, recs: list[tuple[int, ...]] | None = None) -> list[int]:
+        """Positions of `world.seqs` in canonical order."""
+        n = len(world.seqs)
+        if not self.grouped:
+            return list(range(n))
+        recs = recs if recs is not None else [self._seq_key(s) for s in world.seqs]
+        role = [s.role for s in world.seqs]
+        parked = [i for i in range(n) if role[i] is not Role.DECODING
+                  and role[i] is not Role.QUEUED]
+        if self.abs.sort_parked:  # stable: ties stay in arrival order
+            parked.sort(key=lambda i: -world.seqs[i].wait)
+        decoding = sorted((i for i in range(n) if role[i] is Role.DECODING),
+                          key=lambda i: recs[i])
+        return parked + decoding + [i for i in range(n) if role[i] is Role.QUEUED]
+
+    def _seq_key(self, s: Seq) -> tuple[int, ...]:
+        a, kv = self.abs, self.layout.kv_budget is not None
+        obs, role = s.observed, s.role
+        if obs and role is Role.DECODING and not a.preemptions_cap and s.generated and \
+                self.reduce:
+            obs = False  # nothing of it is left to track: let another sequence be observed
+        parked = role is Role.PARKED
+        before_first = s.generated == 0
+        return (
+            role, obs,
+            s.prompt_len if kv else 0,
+            s.max_tokens or 0,
+            s.target if kv else self._left(s),
+            s.prefilled if kv else 0,
+            s.generated if kv or self.layout.max_tokens is not None else min(s.generated, 1),
+            min(s.wait, a.wait_cap) if parked and (obs or a.wait_visible) else 0,
+            min(s.overtaken, a.overtaken_cap) if parked and obs else 0,
+            min(s.queue, a.queue_cap) if obs and role in (Role.QUEUED, Role.PREEMPTED) else 0,
+            min(s.age, a.age_cap) if obs and before_first else 0,
+            min(s.grants, a.grants_cap) if obs and before_first else 0,
+            min(s.preemptions, a.preemptions_cap) if obs else 0,
+        )
+
+    def _left(self, s: Seq) -> int:
+        left = s.target - s.prefilled
+        return left if self.abs.progress or left == 0 else SOME
+
+    @staticmethod
+    def decode(key: Key) -> World:
+        """The world a canonical key stands for (sequence ids are positions)."""
+        streak, dwait, *recs = key
+        seqs = tuple(Seq(i, r[0], r[2], r[3] or None, r[4], r[5], r[6], r[7], r[8], r[9],
+                         r[10], r[11], r[12], r[1]) for i, r in enumerate(recs))
+        return World(seqs, streak, dwait)
+
+    # -- counterexamples ---------------------------------------------------------------------
+    def stable_path(self, labels: list[Label], chunk: int) -> Iterator[PathStep]:
+        """Re-run `labels` on a world whose ids stay stable, step by step."""
+        world, layout = World(), self.run_layout(chunk)
+        arrived = 0
+        for label in labels:
+            ids = [world.seqs[i].seq_id for i in self.order(world)]
+            plan = None
+            if label[0] == "arrive":  # ids never come back, even when the newest has left
+                after = world._replace(seqs=(*world.seqs, self.arrival(arrived, label)))
+                arrived += 1
+            elif label[0] in ("abort", "finish"):
+                pos = [s.seq_id for s in world.seqs].index(ids[label[1]])
+                after = self.apply(world, (label[0], pos), layout)[0]
+            elif label[0] == "tick":
+                plan = begin_tick(world, self.policy, self.lifecycle, layout,
+                                  self._give(label[1]), self._decide)
+                after = self._end(plan, label[2], layout)[0]
+            yield PathStep(label, world, after, ids, plan)
+            world = after
+
+    def visible_key(self, world: World) -> Key:
+        """What the policy can see of `world` (no observed sequence's claim counters)."""
+        return self.key(world._replace(seqs=tuple(s._replace(observed=False)
+                                                  for s in world.seqs)))
 
 
-CLAIM_ORDER = (*CLAIMS, *UNIVERSAL)
+@dataclass(frozen=True)
+class PathStep:
+    """One step of a counterexample with stable ids: the label, the worlds around it, the
+    stable ids its positions refer to, and the tick's plan."""
+
+    label: Label
+    before: World
+    after: World
+    ids: list[int]
+    plan: Plan | None

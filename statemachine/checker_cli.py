@@ -1,15 +1,25 @@
-"""`fairtick check SPEC...`: run the exhaustive checker (and optionally the Hypothesis stateful
-test) on policy specs and print a verdict per claim. Exit 0: all hold; 1: a violation (the
-shortest counterexample is printed); 2: a spec or argument error."""
+"""`fairtick check SPEC...`: prove a policy's claims by exhaustive search, in two layouts.
+
+`streams`: streams that may decode forever, no KV limit (the worst case for fairness: the
+defect this project exists for). `memory`: a KV budget and a finite max_tokens (the queue,
+preemption and arrival claims). Exit 0: all hold; 1: a violation (the shortest counterexample,
+replayed through the real Scheduler, is printed); 2: a spec or argument error, a spec the
+checker cannot check exactly (with the reason), or --time-limit ran out.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import TextIO
 
-from statemachine.checker import CLAIM_ORDER, Checker, Report
-from statemachine.spec import shipped_policy_names
+from statemachine.abstraction import CannotCheck
+from statemachine.checker import MEMORY, STREAMS, Checker, CheckLayout, Label, Report
+from statemachine.counterexample import ReplayError, replay
+from statemachine.invariants import UNIVERSAL
+from statemachine.lifecycle import load_lifecycle
+from statemachine.spec import CLAIMS, shipped_policy_names
 from statemachine.tick import make_policy
 from statemachine.trace import format_table, to_jsonl
 from statemachine.yamlsrc import SpecError
@@ -19,53 +29,81 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fairtick check",
         description="Prove a tick policy's claims for small bounds by exhaustive search "
-                    "(every interleaving of arrivals, aborts, decode completions and ticks).",
+                    "(every interleaving of arrivals, aborts, finishes and ticks).",
         epilog=f"Shipped policies: {', '.join(shipped_policy_names())}")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="policy name or YAML path")
-    # 3/3/3 keeps every shipped default under half a minute; the larger benchmark layout is
-    # --max-seqs 4 --max-chunks 4 --slots 4 (see docs/benchmark_results/).
-    p.add_argument("--max-seqs", type=int, default=3, help="live sequences at most (3)")
-    p.add_argument("--max-chunks", type=int, default=3, help="prompt chunks at most (3)")
-    p.add_argument("--slots", type=int, default=3, help="slots (--parallel) (3)")
+    p.add_argument("--layout", choices=("streams", "memory", "both"), default="both",
+                   help="streams: decoding may go on forever, KV unlimited; memory: a KV "
+                   "budget and a finite max_tokens (default: both)")
+    p.add_argument("--max-seqs", type=int, default=STREAMS.max_seqs,
+                   help=f"live sequences at most ({STREAMS.max_seqs})")
+    p.add_argument("--max-chunks", type=int, default=STREAMS.max_chunks,
+                   help=f"prompt chunks at most ({STREAMS.max_chunks})")
+    p.add_argument("--max-running", type=int, default=STREAMS.max_running,
+                   help=f"sequences holding KV at once ({STREAMS.max_running})")
+    p.add_argument("--max-tokens", type=int, default=MEMORY.max_tokens,
+                   help=f"memory layout: the largest max_tokens ({MEMORY.max_tokens})")
+    p.add_argument("--kv-budget", type=int, default=MEMORY.kv_budget,
+                   help=f"memory layout: KV budget in tokens ({MEMORY.kv_budget})")
     p.add_argument("--horizon", type=int, default=8,
                    help="a wait this long counts as starvation when a claim is unbounded (8)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a policy parameter (repeatable)")
+    p.add_argument("--lifecycle", metavar="FILE", default=None,
+                   help="lifecycle spec (default: specs/lifecycle.yaml)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="give up (exit 2) if the search takes longer")
+                   help="give up (exit 2) if a search takes longer")
     p.add_argument("--stateful", action="store_true",
                    help="also run the Hypothesis stateful test at larger sizes")
-    p.add_argument("--stateful-slots", type=int, default=12)
-    p.add_argument("--stateful-chunks", type=int, default=20)
     p.add_argument("--examples", type=int, default=200, help="Hypothesis examples (200)")
     return p
 
 
-def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
-    args = make_parser().parse_args(argv)
-    code = 0
-    for spec in args.specs:
-        try:
-            overrides = dict(_split(item) for item in args.set)
-            policy = make_policy(spec, overrides)
-            checker = Checker(policy, args.max_seqs, args.max_chunks, args.slots, args.horizon)
-            report = checker.run(args.time_limit)
-        except (SpecError, ValueError, TimeoutError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print_report(checker, report, out)
-        code = max(code, 0 if report.ok else 1)
-        if args.stateful:
-            from statemachine.stateful import run_stateful
+def layouts(args: argparse.Namespace) -> list[CheckLayout]:
+    """The layouts `args` asks for."""
+    sizes = {"max_seqs": args.max_seqs, "max_chunks": args.max_chunks,
+             "max_running": args.max_running}
+    out = []
+    if args.layout in ("streams", "both"):
+        out.append(CheckLayout(**sizes))
+    if args.layout in ("memory", "both"):
+        out.append(CheckLayout(**sizes, max_tokens=args.max_tokens, kv_budget=args.kv_budget))
+    return out
 
-            failure = run_stateful(policy, args.stateful_slots, args.stateful_chunks,
-                                   args.examples)
-            if failure:
-                print(f"  stateful: VIOLATED\n{failure}", file=out)
-                code = 1
-            else:
-                print(f"  stateful ({args.examples} examples, {args.stateful_slots} slots, up "
-                      f"to {args.stateful_chunks} chunks): all claims hold", file=out)
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    out = out or sys.stdout
+    code = 0
+    try:
+        overrides = dict(_split(item) for item in args.set)
+        lifecycle = load_lifecycle(args.lifecycle)
+        plan = [(make_policy(spec, overrides), layout) for spec in args.specs
+                for layout in layouts(args)]
+    except (SpecError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for policy, layout in plan:
+        try:
+            checker = Checker(policy, layout, lifecycle, args.horizon)
+            report = checker.run(args.time_limit)
+            print_report(checker, report, out)
+        except (CannotCheck, ValueError, TimeoutError, ReplayError) as exc:
+            print(f"error: {policy.name}, {layout.name} layout: {exc}", file=sys.stderr)
+            return 2
+        code = max(code, 0 if report.ok else 1)
+    if args.stateful:
+        from statemachine.stateful import run_stateful
+
+        for policy in dict.fromkeys(p for p, _ in plan):
+            result = run_stateful(policy, lifecycle, examples=args.examples)
+            silent = [r.name for r in policy.spec.rules if not result.fired[r.name]]
+            verdict = f"VIOLATED\n{result.failure}" if result.failure else \
+                f"all claims hold ({args.examples} examples)"
+            print(f"== {policy.name}: stateful: {verdict}", file=out)
+            if silent:
+                print(f"   rules that never decided a tick: {', '.join(silent)}", file=out)
+            code = max(code, 1 if result.failure else 0)
     return code
 
 
@@ -77,53 +115,86 @@ def _split(item: str) -> tuple[str, str]:
 
 
 def print_report(checker: Checker, report: Report, out: TextIO) -> None:
-    """The verdict table, then a counterexample for each violation."""
-    pol = report.policy
+    """The verdict table, then each counterexample as the Scheduler replayed it."""
+    pol, b, a = report.policy, report.bounds, report.abstraction
     params = " ".join(f"{k}={v}" for k, v in pol.params.items())
     print(f"== {pol.name} ({pol.spec.file}) {params}".rstrip(), file=out)
-    print(f"   {report.max_seqs} sequences, 1..{report.max_chunks} chunks, {report.slots} "
-          f"slots: {report.states:,} states, {report.edges:,} edges, depth {report.depth}, "
-          f"{report.seconds:.1f} s", file=out)
-    b = report.bounds
+    rate = report.states / report.seconds if report.seconds else 0
+    print(f"   {report.layout.name} layout: {report.layout.describe()}", file=out)
+    print(f"   {report.states:,} states, {report.edges:,} edges, depth {report.depth}, "
+          f"{report.seconds:.1f} s ({rate:,.0f} states/s), peak RSS {report.peak_rss_mb:.0f} MB",
+          file=out)
+    progress = "tracked" if a.progress else "left open (prompts of any length)"
+    print(f"   prefill progress {progress}; chunk sizes {list(a.chunk_sizes)}"
+          + (f"; budgets {sorted(set().union(*a.budgets.values()))}" if a.budgets else ""),
+          file=out)
+    implied = b.implied
     claimed = {"wait_ticks": b.wait_ticks, "overtakes": b.overtakes,
-               "decode_wait_ticks": b.decode_wait_ticks,
-               "ttft_ticks": b.ttft(report.max_chunks)}
+               "decode_wait_ticks": b.decode_wait_ticks, "queue_ticks": b.queue_ticks,
+               "preemptions": b.preemptions, "first_grant_ticks": b.first_grant_ticks,
+               "ttft_ticks": b.ttft(report.layout.max_chunks)}
+    tracked = {"wait_ticks": a.wait_cap, "overtakes": a.overtaken_cap,
+               "decode_wait_ticks": a.dwait_cap, "queue_ticks": a.queue_cap,
+               "preemptions": a.preemptions_cap}
     rows = [("claim", "bound", "max seen", "verdict")]
-    for name in CLAIM_ORDER:
-        bound = claimed.get(name, "-")
-        text = "unbounded" if bound is None else str(bound)
-        if name == "ttft_ticks" and bound is not None:
-            text += f" (C={report.max_chunks})"
-        seen = str(report.max_seen.get(name, "-"))
-        if name in report.counterexamples:
-            verdict = "VIOLATED"
-        elif bound is None:
-            verdict = "not claimed"
-        elif name == "ttft_ticks" and checker.ttft_implied:
-            verdict, seen = "holds (follows from wait_ticks)", "-"
-        else:
-            verdict = "holds"
-        rows.append((name, text, seen, verdict))
+    for name in (*CLAIMS, *UNIVERSAL):
+        rows.append(_row(name, claimed, tracked, implied, report, pol.spec.claims))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("   " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  "
               + r[3], file=out)
-    for name, (violation, path) in report.counterexamples.items():
-        print(f"\n-- counterexample for {name}: {violation.message}", file=out)
-        print(f"   shortest path: {len(path)} steps", file=out)
-        steps = checker.replay(path)
-        for n, (text, _) in enumerate(steps, 1):
-            print(f"   {n:>3}. {text}", file=out)
-        loop = checker.lasso(path, violation.seq) if name == "no_starvation" and \
-            violation.seq is not None else None
-        if loop:
-            print(f"   the lifecycle states after step {loop[0]} recur after step {loop[1]} "
-                  f"without a grant to seq {violation.seq}: repeating steps {loop[0] + 1}.."
-                  f"{loop[1]} forever, it waits forever", file=out)
-        events = [e for _, evs in steps for e in evs]
-        print("\n   trace:\n" + _indent(format_table(events)), file=out)
-        print("\n   trace (JSON lines):\n" + _indent(to_jsonl(events).rstrip()), file=out)
+    if report.counterexamples:
+        print("   * the search does not expand a state past a violation: these hold in every "
+              "state it reached", file=out)
+    for name, (_violation, path, chunk) in report.counterexamples.items():
+        _print_counterexample(checker, name, path, chunk, out)
     print(file=out)
+
+
+def _row(name: str, claimed: dict[str, int | None], tracked: dict[str, int],
+         implied: dict[str, bool], report: Report,
+         declared: Mapping[str, object]) -> tuple[str, str, str, str]:
+    bound = claimed.get(name, "-")
+    text = "-" if name not in claimed else "unbounded" if bound is None else str(bound)
+    if name == "ttft_ticks" and bound is not None:
+        text += f" (C={report.layout.max_chunks})"
+    seen = str(report.max_seen[name]) if tracked.get(name) and name in report.max_seen \
+        else "-"
+    if name in report.counterexamples:
+        verdict = "VIOLATED"
+    elif name in claimed and bound is None:
+        verdict = "not claimed" if declared.get(name, 1) is None else \
+            "unbounded in this layout (uses max_tokens)" if name not in implied else \
+            "unbounded in this layout (follows from unbounded claims)"
+    elif name in implied and implied[name]:
+        verdict, seen = "holds (follows from the claims above)", "-"
+    elif name == "overtakes" and report.abstraction.overtakes_follow:
+        verdict, seen = "holds (follows from round_robin, one grant a tick)", "-"
+    elif name == "no_starvation" and claimed["wait_ticks"] is not None:
+        verdict = "holds (wait_ticks is bounded)"
+    else:
+        verdict = "holds*" if report.counterexamples else "holds"
+    return name, text, seen, verdict
+
+
+def _print_counterexample(checker: Checker, name: str, path: list[Label], chunk: int,
+                          out: TextIO) -> None:
+    run = replay(checker, path, chunk)
+    first = run.violations[0]
+    print(f"\n-- counterexample for {name} (chunk size {chunk}), as the Scheduler ran it: "
+          f"{first.name}: {first.message}", file=out)
+    for extra in run.violations[1:]:
+        print(f"   also {extra.name}: {extra.message}", file=out)
+    print(f"   shortest path: {len(run.steps)} steps", file=out)
+    for n, text in enumerate(run.steps, 1):
+        print(f"   {n:>3}. {text}", file=out)
+    if run.lasso:
+        i, j = run.lasso
+        print(f"   everything the policy sees is the same after step {i} and after step "
+              f"{j}, with no grant to seq {first.seq} between: steps {i + 1}..{j} can repeat "
+              "forever, and it waits forever", file=out)
+    print("\n   trace:\n" + _indent(format_table(run.events)), file=out)
+    print("\n   trace (JSON lines):\n" + _indent(to_jsonl(run.events).rstrip()), file=out)
 
 
 def _indent(text: str) -> str:

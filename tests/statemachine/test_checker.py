@@ -1,101 +1,227 @@
-"""The exhaustive checker accepts the shipped policies and catches planted bugs."""
+"""The exhaustive checker proves what the scheduler runs: the shipped policies at their served
+defaults, planted bugs caught (one for each abstraction), and the reductions exact."""
 
 import io
 
 import pytest
 
-from statemachine.checker import Checker
+from statemachine.abstraction import CannotCheck
+from statemachine.checker import Checker, CheckLayout
 from statemachine.checker_cli import main as check_main
+from statemachine.counterexample import replay
 from statemachine.spec import shipped_policy_names
 from statemachine.tick import make_policy
+from statemachine.world import World
 
 NON_BASELINE = [n for n in shipped_policy_names() if n != "baseline"]
-SMALL = {"max_seqs": 3, "max_chunks": 3, "slots": 3}
-# Parameters small enough for the exhaustive search to stay quick in the test suite.
+# Small enough for the test suite; docs/benchmark_results has the 5/4/4 and memory layouts.
+STREAMS = CheckLayout(max_seqs=4, max_chunks=3, max_running=3)
+MEMORY = CheckLayout(max_seqs=3, max_chunks=2, max_running=2, max_tokens=2, kv_budget=4)
 QUICK = {"deadline": {"max_wait": 2}, "grant_counter": {"interval": 2}}
 
 
-def check(spec, overrides=None, **bounds):
-    checker = Checker(make_policy(str(spec), overrides), **{**SMALL, **bounds})
-    return checker, checker.run(time_limit_s=120)
+def check(spec, overrides=None, layout=STREAMS):
+    checker = Checker(make_policy(str(spec), overrides), layout)
+    return checker, checker.run(time_limit_s=300)
 
 
+@pytest.mark.parametrize("layout", [STREAMS, MEMORY], ids=["streams", "memory"])
 @pytest.mark.parametrize("name", NON_BASELINE)
-def test_shipped_policies_keep_every_claim(name):
-    _, report = check(name, QUICK.get(name))
-    assert report.ok, report.counterexamples
-    assert report.states > 200  # the search really explored
+def test_shipped_policies_keep_every_claim_at_their_served_defaults(name, layout):
+    checker, report = check(name, layout=layout)
+    assert report.ok, {k: v[0] for k, v in report.counterexamples.items()}
+    assert report.states > 100  # the search really explored
 
 
 @pytest.mark.parametrize("name", NON_BASELINE)
 def test_the_wait_claim_is_tight(name):
     """The bound each policy claims is reached (a claim one smaller would be false)."""
     checker, report = check(name, QUICK.get(name))
-    assert report.max_seen["wait_ticks"] == checker.bounds.wait_ticks
+    assert report.max_seen["wait_ticks"] == checker.bounds(1).wait_ticks
 
 
-def test_baseline_starves_a_parked_prompt():
-    checker, report = check("baseline", max_seqs=2, max_chunks=2, slots=2)
-    violation, path = report.counterexamples["no_starvation"]
-    steps = checker.replay(path)
-    assert [text for text, _ in steps][-1].startswith("tick")
-    assert checker.lasso(path, violation.seq) is not None
-    granted = {e["seq"] for _, events in steps for e in events if e["trigger"] == "grant"}
-    assert violation.seq not in granted
+def test_the_memory_layout_queues_and_preempts():
+    """The arrival claims are checked where arrivals really wait and sequences are preempted."""
+    _, report = check("mixed_step", layout=MEMORY)
+    assert report.ok
+    assert report.max_seen["queue_ticks"] >= 2 and report.max_seen["preemptions"] >= 1
+    assert report.bounds.queue_ticks is not None and report.bounds.preemptions is not None
+
+
+def test_the_streams_layout_leaves_the_arrival_claims_unbounded():
+    _, report = check("deadline")
+    assert report.bounds.queue_ticks is None and report.bounds.ttft(3) is None
+    assert report.bounds.wait_ticks is not None
+
+
+def test_baseline_starves_a_parked_prompt_forever():
+    checker, report = check("baseline", layout=CheckLayout(3, 2, 2))
+    violation, path, chunk = report.counterexamples["no_starvation"]
+    run = replay(checker, path, chunk)
+    assert run.violations[0].name == "no_starvation"
+    assert run.lasso is not None  # a cycle the policy can repeat forever
+    granted = {e["seq"] for e in run.events if e["trigger"] == "grant"}
+    assert run.violations[0].seq not in granted
 
 
 @pytest.mark.parametrize(("base", "claim"), [
-    ("deadline", "wait_ticks"), ("grant_counter", "wait_ticks"), ("mixed_step", "overtakes"),
-    ("prefill_priority", "wait_ticks"),
+    ("deadline", "wait_ticks"), ("grant_counter", "wait_ticks"), ("mixed_step", "wait_ticks"),
+    ("prefill_priority", "wait_ticks"), ("mixed_step", "overtakes"),
+    ("token_budget", "overtakes"),
 ])
 def test_a_claim_one_smaller_than_the_truth_is_caught(variant, base, claim):
     shipped = make_policy(base).spec.claims[claim]
     path = variant(base, claims={claim: f"{shipped.source} - 1"})
-    _, report = check(path, QUICK.get(base))
-    violation, labels = report.counterexamples[claim]
-    assert "claimed" in violation.message and labels[-1] == ("tick", 0)
+    checker, report = check(path, QUICK.get(base))
+    violation, labels, chunk = report.counterexamples[claim]
+    run = replay(checker, labels, chunk)  # the Scheduler itself breaks it, with stable ids
+    assert claim in {v.name for v in run.violations}
+    assert labels[-1][0] == "tick"
 
 
-def test_a_pick_rule_that_lets_a_prompt_be_overtaken_is_caught(variant):
-    # Shortest-remaining-first: short prompts keep arriving and overtake a long one.
-    path = variant("mixed_step", pick="fewest_left")
-    _, report = check(path)
-    assert {"overtakes", "wait_ticks"} <= set(report.counterexamples)
-
-
-def test_a_decode_bound_that_cannot_be_kept_is_caught(variant):
-    path = variant("prefill_priority", claims={"decode_wait_ticks": "slots"})
-    _, report = check(path)
-    assert "decode_wait_ticks" in report.counterexamples
-
-
-def test_a_policy_that_idles_with_work_is_caught(variant):
-    path = variant("mixed_step", rules=[
-        {"name": "mixed", "when": "num_parked > 0 and num_decoding > 0", "action": "mixed"},
-        {"name": "idle", "when": "true", "action": "idle"}])
-    _, report = check(path)
-    assert "no_idle_with_work" in report.counterexamples
-
-
-def test_a_ttft_claim_that_does_not_follow_is_checked_exactly(variant):
-    path = variant("prefill_priority", claims={"ttft_ticks": "slots * chunks - 1"})
-    checker, report = check(path)
-    assert not checker.ttft_implied
+def test_a_ttft_claim_that_does_not_follow_is_tracked_exactly(variant):
+    # Forgets the time spent queued for KV room: false in the memory layout.
+    path = variant("mixed_step", claims={"ttft_ticks": "chunks * (wait_ticks + 1)"})
+    checker, report = check(path, layout=MEMORY)
+    assert checker.abs.age_cap > 0  # ages are tracked for the observed sequence
     assert "ttft_ticks" in report.counterexamples
 
 
-def test_cli_exit_codes_and_output(variant, tmp_path):
+# -- planted bugs, one per abstraction: each was a false proof or a blind spot -------------
+
+def test_a_rule_past_an_unbounded_counter_fires(variant):
+    # prefill_priority claims no bound on decode waits; a rule that naps once decoding has
+    # waited 20 ticks never fired under the old cap (10): the nap must be found.
+    path = variant("prefill_priority", rules=[
+        {"name": "nap", "when": "num_decoding > 0 and decode_wait_ticks >= 20",
+         "action": "idle"},
+        *[{"name": r.name, "when": r.when.source, "action": r.action}
+          for r in make_policy("prefill_priority").spec.rules]])
+    checker, report = check(path, layout=CheckLayout(3, 2, 2))
+    assert checker.abs.dwait_cap == 21
+    assert "no_idle_with_work" in report.counterexamples
+
+
+def test_a_rule_on_the_decode_streak_fires(variant):
+    path = variant("grant_counter", rules=[
+        {"name": "doze", "when": "decode_streak >= 12", "action": "idle"},
+        *[{"name": r.name, "when": r.when.source, "action": r.action}
+          for r in make_policy("grant_counter").spec.rules]],
+        parameters={"interval": {"default": 30, "range": [1, 100]}},
+        claims={"wait_ticks": "unbounded"})
+    checker, report = check(path, layout=CheckLayout(3, 2, 2))
+    assert "no_idle_with_work" in report.counterexamples
+
+
+def test_a_budget_gate_is_explored_below_the_chunk(variant):
+    # Skip the slice when the budget is under a chunk: normal in the engine, so prompts starve.
+    path = variant("token_budget", rules=[
+        {"name": "mixed_slice", "when": "num_parked > 0 and num_decoding > 0 and "
+         "budget_tokens >= chunk_size", "action": "mixed"},
+        {"name": "decode", "when": "num_decoding > 0", "action": "decode"},
+        {"name": "prefill_alone", "when": "num_parked > 0", "action": "prefill"},
+        {"name": "idle", "when": "true", "action": "idle"}])
+    checker, report = check(path, layout=CheckLayout(3, 2, 2))
+    assert len(checker.abs.chunk_sizes) > 1 and checker.abs.budgets
+    assert "wait_ticks" in report.counterexamples
+
+
+def test_a_rule_that_idles_while_requests_wait_is_caught(variant):
+    rules = [{"name": "hold", "when": "num_waiting > 0", "action": "idle"},
+             *[{"name": r.name, "when": r.when.source, "action": r.action}
+               for r in make_policy("mixed_step").spec.rules]]
+    _, report = check(variant("mixed_step", rules=rules))  # 4 sequences, 3 running
+    assert "no_idle_with_work" in report.counterexamples
+    with pytest.raises(CannotCheck, match="num_waiting"):  # no queue: refuses, never passes
+        Checker(make_policy(str(variant("mixed_step", rules=rules))), CheckLayout(3, 2, 3))
+
+
+def test_a_count_compared_past_the_layout_is_refused(variant):
+    path = variant("mixed_step", rules=[{"name": "crowd", "when": "num_parked >= 9",
+                                         "action": "prefill"},
+                                        {"name": "idle", "when": "true", "action": "idle"}])
+    with pytest.raises(CannotCheck, match="num_parked with 9.*reach 10"):
+        Checker(make_policy(str(path)), STREAMS)
+
+
+def test_a_counter_outside_a_plain_comparison_is_refused(variant):
+    path = variant("deadline", rules=[
+        {"name": "due", "when": "max_wait_ticks * 2 >= max_wait", "action": "prefill"},
+        {"name": "idle", "when": "true", "action": "idle"}])
+    with pytest.raises(CannotCheck, match="max_wait_ticks"):
+        Checker(make_policy(str(path)), STREAMS)
+
+
+def test_a_pick_rule_that_reads_progress_is_checked_with_exact_progress(variant):
+    # Shortest-remaining-first: short prompts keep arriving and overtake a long one.
+    checker, report = check(variant("mixed_step", pick="fewest_left"))
+    assert checker.abs.progress
+    assert {"overtakes", "wait_ticks"} <= set(report.counterexamples)
+
+
+# -- the reductions are exact ------------------------------------------------------------------
+
+def quotient(reduced: Checker, naive: Checker) -> set:
+    """Every reduced state the naive states stand for: one per choice of observed sequence."""
+    keys = set()
+    for chunk in naive.abs.chunk_sizes:
+        layout, report = naive.run_layout(chunk), naive.run()  # a sink for observations
+        root = naive.key(World())
+        seen, frontier = {root}, [root]
+        while frontier:
+            key = frontier.pop()
+            world = naive.decode(key)
+            for i in [None, *(range(len(world.seqs)) if reduced.tracks_observed else [])]:
+                marked = world._replace(seqs=tuple(s._replace(observed=(j == i))
+                                                   for j, s in enumerate(world.seqs)))
+                keys.add((chunk, reduced.key(marked)))
+            for _, nkey, violations in naive._successors(key, chunk, layout, report):
+                assert not violations
+                if nkey not in seen:
+                    seen.add(nkey)
+                    frontier.append(nkey)
+    return keys
+
+
+@pytest.mark.parametrize("layout", [CheckLayout(3, 2, 2),
+                                    CheckLayout(3, 2, 2, max_tokens=2, kv_budget=4)],
+                         ids=["streams", "memory"])
+@pytest.mark.parametrize("name", ["deadline", "grant_counter", "mixed_step"])
+def test_the_reduced_state_count_is_the_naive_one_quotiented(name, layout):
+    policy = make_policy(name, QUICK.get(name))
+    reduced, naive = Checker(policy, layout), Checker(policy, layout, reduce=False)
+    report = reduced.run()
+    assert report.ok
+    assert len(quotient(reduced, naive)) == report.states
+
+
+def test_replayed_counterexamples_use_the_traces_stable_ids(variant):
+    # After an abort the checker renumbers; the printed messages must not.
+    path = variant("mixed_step", claims={"wait_ticks": "max_running - 2"})
     out = io.StringIO()
-    assert check_main(["mixed_step", "--max-seqs", "2", "--max-chunks", "2", "--slots", "2"],
-                      out) == 0
-    assert "wait_ticks" in out.getvalue() and "VIOLATED" not in out.getvalue()
+    assert check_main([str(path), "--layout", "streams", "--max-seqs", "4",
+                       "--max-chunks", "2", "--max-running", "3"], out) == 1
+    text = out.getvalue()
+    head = text[text.index("-- counterexample for wait_ticks"):]
+    seq = int(head.split("seq ")[1].split()[0])
+    assert f'"seq":{seq}' in head  # the trace shows the same sequence the message names
+
+
+def test_cli_exit_codes_and_output(tmp_path):
     out = io.StringIO()
-    assert check_main(["baseline", "--max-seqs", "2", "--max-chunks", "2", "--slots", "2",
-                       "--horizon", "6"], out) == 1
+    assert check_main(["mixed_step", "--max-seqs", "3", "--max-chunks", "2",
+                       "--max-running", "2"], out) == 0
+    text = out.getvalue()
+    assert "streams layout" in text and "memory layout" in text and "VIOLATED" not in text
+    out = io.StringIO()
+    assert check_main(["baseline", "--max-seqs", "3", "--max-chunks", "2", "--max-running",
+                       "2", "--layout", "streams", "--horizon", "6"], out) == 1
     text = out.getvalue()
     assert "counterexample for no_starvation" in text and '"trigger":"admit"' in text
+    assert "can repeat forever" in text
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")
     assert check_main([str(bad)]) == 2
     assert check_main(["deadline", "--set", "max_wait=0"]) == 2
     assert check_main(["deadline", "--set", "nope=1"]) == 2
+    assert check_main(["deadline", "--max-seqs", "0"]) == 2
