@@ -1,75 +1,124 @@
 """Hypothesis stateful test of the real scheduler core, at sizes beyond the exhaustive bounds.
 
-Rules: a sequence arrives (any prompt length up to `max_chunks` chunks), a live sequence is
-aborted, a tick runs (some of the sequences that decoded in it finish). After every step the
-shared invariants and the policy's claims are checked; a failure shrinks to a short sequence
-of steps, printed as the trace of the scheduler core.
+Each example draws a layout (8-16 running, a chunk size, a KV budget or none) and then steps:
+a burst of sequences arrives (any prompt length up to `max_chunks` chunks, a max_tokens), a live
+one is aborted, a decoding one finishes, or a burst of ticks runs (each with a drawn latency
+budget where the policy has a target). The Scheduler runs with `check=True` and a finite starvation
+horizon, so every invariant and claim is checked after every tick; `hypothesis.target` steers
+the search toward the longest waits, queues and preemption counts. A failure shrinks to a short
+run, printed as the Scheduler's trace, with the blob that replays it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings, target
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-
-from statemachine.invariants import (
-    InvariantViolation,
-    check_claims,
-    check_decision,
-    check_slots,
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
 )
+
+from statemachine.invariants import InvariantViolation
+from statemachine.lifecycle import Lifecycle, Role, load_lifecycle
 from statemachine.scheduler import Scheduler
-from statemachine.tick import Policy
+from statemachine.tick import Policy, TickState
 from statemachine.trace import format_table
+from statemachine.world import Layout
 
-CHUNK = 4  # tokens per chunk in the test; prompt lengths are drawn in tokens
+
+@dataclass(frozen=True)
+class Sizes:
+    """The space the stateful test draws its layouts and requests from."""
+
+    min_running: int = 8
+    max_running: int = 16
+    max_chunks: int = 20
+    chunk_sizes: tuple[int, ...] = (1, 2, 3, 8, 512)
+    max_tokens: int = 40
+    kv_budgets: bool = True  # also draw KV budgets (small enough to preempt)
+    horizon: int = 64  # a wait this long is starvation when wait_ticks is unbounded
 
 
-def make_machine(policy: Policy, slots: int, max_chunks: int) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class driving a Scheduler for `policy`."""
+def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
+                 sizes: Sizes = Sizes()) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class driving a Scheduler for `policy`; its class attribute
+    `fired` counts the rules that decided ticks, over every example run."""
+    life = lifecycle or load_lifecycle()
+    has_target = policy.spec.tick_budget_ms is not None
 
     class SchedulerMachine(RuleBasedStateMachine):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sched = Scheduler(policy, slots, CHUNK)
+        fired: Counter[str] = Counter()
+        last_trace: Any = None
+
+        @initialize(data=st.data())
+        def layout(self, data: st.DataObject) -> None:
+            running = data.draw(st.integers(sizes.min_running, sizes.max_running), "running")
+            chunk = data.draw(st.sampled_from(sizes.chunk_sizes), "chunk size")
+            most = sizes.max_chunks * chunk + sizes.max_tokens
+            budget = data.draw(st.none() | st.integers(most, 4 * most), "kv budget") \
+                if sizes.kv_budgets else None
+            self.sched = Scheduler(policy, Layout(running, chunk, budget), life, check=True,
+                                   horizon=sizes.horizon)
             self.next_id = 0
-            self.edges = {(e.source, e.trigger, e.dest) for e in self.sched.lifecycle.edges}
+            self.edges = {(e.source, e.trigger.value, e.dest) for e in life.edges}
             self.seen_events = 0
+            self.most = {"wait": 0, "queue": 0, "preemptions": 0}
             SchedulerMachine.last_trace = self.sched.trace
 
-        @rule(tokens=st.integers(1, max_chunks * CHUNK))
-        def arrive(self, tokens: int) -> None:
-            if len(self.sched.sequences()) < 2 * slots:
-                self.sched.submit(self.next_id, tokens)
+        @rule(count=st.integers(1, 2 * sizes.max_running), data=st.data())
+        def arrive(self, count: int, data: st.DataObject) -> None:
+            # Bursts of arrivals: many prompts parked at once are the worst case for waits.
+            chunk, limit = self.sched.layout.chunk_size, self.sched.layout.kv_budget
+            room = 3 * self.sched.layout.max_running - len(self.sched.sequences())
+            for _ in range(min(count, room)):
+                tokens = data.draw(st.integers(1, sizes.max_chunks * chunk), "prompt tokens")
+                max_tokens = data.draw(st.integers(1, sizes.max_tokens) if limit is not None
+                                       else st.none() | st.integers(1, sizes.max_tokens),
+                                       "max_tokens")
+                self.sched.submit(self.next_id, tokens, max_tokens)
                 self.next_id += 1
 
+        @precondition(lambda self: bool(self.sched.sequences()))
         @rule(data=st.data())
         def abort(self, data: st.DataObject) -> None:
-            live = [s.seq_id for s in self.sched.sequences()]
-            if live:
-                self.sched.abort(data.draw(st.sampled_from(live), label="abort"))
+            live = [m.seq_id for m in self.sched.sequences()]
+            self.sched.abort(data.draw(st.sampled_from(live), "abort"))
 
         @rule(data=st.data())
-        def tick(self, data: st.DataObject) -> None:
-            plan = self.sched.schedule()
-            problems = check_decision(plan.state, plan.decision)
-            finished = data.draw(st.sets(st.sampled_from(plan.decode)) if plan.decode
-                                 else st.just(set()), label="finished")
-            self.sched.complete(plan, finished)
-            completed = tuple((s.seq_id, s.age_ticks, s.num_grants)
-                              for s in self.sched.sequences()
-                              if s.state == "decoding" and s.seq_id in plan.decision.granted)
-            problems += check_claims(self.sched.tick_state(), self.sched.bounds(), completed)
-            if problems:
-                raise InvariantViolation(problems)
+        def finish(self, data: st.DataObject) -> None:
+            decoding = [m.seq_id for m in self.sched.sequences()
+                        if self.sched.role(m.seq_id) is Role.DECODING]
+            if decoding:
+                self.sched.finish(data.draw(st.sampled_from(decoding), "finish"))
 
-        @invariant()
-        def slots_conserved(self) -> None:
-            problems = check_slots(self.sched.num_holding_slots, slots)
-            if problems:
-                raise InvariantViolation(problems)
+        @rule(ticks=st.integers(1, 40), data=st.data())
+        def run_ticks(self, ticks: int, data: st.DataObject) -> None:
+            for _ in range(ticks):
+                budget = data.draw(st.integers(0, self.sched.layout.chunk_size + 1),
+                                   "budget") if has_target else None
+                plan = self.sched.schedule(_fixed(budget))
+                SchedulerMachine.fired[plan.decision.rule] += 1
+                self.sched.complete(plan)
+            for s in self.sched.world().seqs:
+                most = self.most
+                most["wait"] = max(most["wait"], s.wait if s.role is Role.PARKED else 0)
+                most["queue"], most["preemptions"] = max(most["queue"], s.queue), \
+                    max(most["preemptions"], s.preemptions)
+
+        def teardown(self) -> None:
+            # Steer the search toward the worst cases the claims bound.
+            if hasattr(self, "most"):
+                for label, value in self.most.items():
+                    target(value, label=f"longest {label}")
 
         @invariant()
         def lifecycle_legal(self) -> None:
@@ -80,24 +129,48 @@ def make_machine(policy: Policy, slots: int, max_chunks: int) -> type[RuleBasedS
             self.seen_events = len(events)
 
     SchedulerMachine.__name__ = f"SchedulerMachine_{policy.name}"
-    SchedulerMachine.last_trace = None
     return SchedulerMachine
 
 
-def stateful_settings(examples: int = 200, steps: int = 50) -> settings:
+def _fixed(budget: int | None) -> Callable[[TickState], int] | None:
+    return None if budget is None else (lambda _state: budget)
+
+
+def stateful_settings(examples: int = 200, steps: int = 50, shrink: bool = True,
+                      derandomize: bool = False) -> settings:
+    """Settings for a stateful run: `print_blob` so any failure can be replayed; without
+    `shrink`, the first failure found is reported as it is (a quick yes/no); `derandomize`
+    makes the run the same on every machine (for a test suite)."""
+    phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate,
+                                          Phase.target)
     return settings(max_examples=examples, stateful_step_count=steps, deadline=None,
-                    suppress_health_check=list(HealthCheck), database=None)
+                    suppress_health_check=list(HealthCheck), database=None, print_blob=True,
+                    phases=phases, report_multiple_bugs=False, derandomize=derandomize)
 
 
-def run_stateful(policy: Policy, slots: int, max_chunks: int, examples: int = 200,
-                 steps: int = 50) -> str | None:
-    """Run the stateful test; None if every claim held, else the shrunk failure as text."""
-    machine: Any = make_machine(policy, slots, max_chunks)
+@dataclass(frozen=True)
+class StatefulResult:
+    """The shrunk failure as text (None: every claim held), and how often each rule of the
+    policy decided a tick over the whole run."""
+
+    failure: str | None
+    fired: Counter[str]
+
+
+def run_stateful(policy: Policy, lifecycle: Lifecycle | None = None, sizes: Sizes = Sizes(),
+                 examples: int = 200, steps: int = 50, shrink: bool = True,
+                 derandomize: bool = False) -> StatefulResult:
+    """Run the stateful test."""
+    machine: Any = make_machine(policy, lifecycle, sizes)
     try:
-        run_state_machine_as_test(machine, settings=stateful_settings(examples, steps))
+        run_state_machine_as_test(machine, settings=stateful_settings(examples, steps, shrink,
+                                                                      derandomize))
     except (AssertionError, InvariantViolation) as exc:
         trace = machine.last_trace
-        table = format_table(trace.events()) if trace is not None else ""
-        return f"  {exc}\n  trace of the shrunk failing run:\n" + \
-            "\n".join("    " + line for line in table.splitlines())
-    return None
+        table = format_table(trace.events()[-200:]) if trace is not None else ""
+        notes = "\n".join(f"  {note}" for note in getattr(exc, "__notes__", ()))
+        return StatefulResult(f"  {exc}\n{notes}\n  trace of the failing run (last 200 "
+                              "events):\n" + "\n".join("    " + line
+                                                       for line in table.splitlines()),
+                              machine.fired)
+    return StatefulResult(None, machine.fired)
