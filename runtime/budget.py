@@ -1,75 +1,170 @@
-"""Online cost model of a tick, for policies that size prefill slices to a latency target.
+"""Online cost model of a tick: its seconds predicted from what it runs, learned as it runs.
 
-A decode step's time is tracked per batch size (moving average). A prefill slice of t tokens
-whose prompt already has c tokens in cache costs about o + a*t + b*t*c seconds (a fixed cost
-per forward, the per-token matmuls, and attention over the context); o, a, b are refitted by
-least squares over the most recent slices, so the model follows a long prompt's growing context.
+A tick is one forward over decode rows and prefill slices (runtime/fused.py), then sampling and
+publishing. Its time is modelled as a sum of non-negative costs, each tied to one kind of work:
+
+    fixed + per_slice * slices + per_row * rows + per_token * slice_tokens
+          + per_row_context * rows * row_context + per_attended * sum(t * (c + (t + 1) / 2))
+
+where a decode row costs its share of the projections and MLP plus its sampling and publishing,
+a slice token only its share of the projections and MLP, `row_context` is the decode batch's
+padded context (each row attends that many keys), and a slice of t tokens at context c attends
+c + 1 .. c + t keys per token. The coefficients are refitted by non-negative least
+squares, weighted for relative error, over the most recent ticks with slices and without (kept
+apart, so a long run of decode-only ticks does not push the slice ticks out).
+
+The slice that fits a target is the largest whose prediction, times the recent upper quantile
+of measured/predicted over ticks with slices, stays within it: the model's own error sets the
+margin. A slice is never more than twice the largest one measured, so a model fitted on small
+slices is not trusted far past them. While it learns, slices also double from the largest that
+met its target (a slow start, ended by the second slice past that size that overshoots): the
+cost of a few tokens drowns in a tick's noise, so a cold model could stay stuck at the few-token
+slices it learned from.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-_ALPHA = 0.2  # weight of a new decode measurement in the moving average
+_REFIT_EVERY = 4  # ticks between least-squares fits
+_MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
+_MARGIN_MIN_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A prefill slice: `num_tokens` prompt tokens after `context` tokens already cached."""
+
+    num_tokens: int
+    context: int
+
+
+@dataclass(frozen=True)
+class TickShape:
+    """What one tick runs, as the cost model sees it."""
+
+    decode_contexts: tuple[int, ...] = ()  # cached tokens of each decode row
+    slices: tuple[SliceShape, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode_contexts and not self.slices
+
+    def features(self) -> np.ndarray:
+        rows = len(self.decode_contexts)
+        row_context = rows * (max(self.decode_contexts) + 1) if rows else 0
+        attended = sum(s.num_tokens * (s.context + (s.num_tokens + 1) / 2) for s in self.slices)
+        tokens = sum(s.num_tokens for s in self.slices)
+        return np.array([1.0, len(self.slices), rows, tokens, row_context, attended])
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One observed tick: the prediction made before it ran (None before any fit), what it
+    measured, and the target it was sized for (None when no slice was sized)."""
+
+    shape: TickShape
+    predicted_s: float | None
+    measured_s: float
+    target_s: float | None
 
 
 class CostModel:
     """What ticks cost on this machine, learned from the ticks the engine runs."""
 
-    def __init__(self, window: int = 48) -> None:
-        self._decode_s: dict[int, float] = {}
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._coef = (0.0, 0.0, 0.0)  # o, a, b
+    def __init__(self, window: int = 128, history: int = 4096) -> None:
+        if window < 8 or history < 1:
+            raise ValueError(f"window must be >= 8 and history >= 1, got {window}, {history}")
+        self._with_slices: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._without: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._ratios: deque[float] = deque(maxlen=window // 2)  # measured/predicted, slices
+        self._coef: np.ndarray | None = None
         self._since_fit = 0
+        self._largest_slice = 0  # tokens of the largest slice measured
+        self._largest_met = 0  # tokens of the largest slice next to decode rows that met its target
+        self._overshoots_past_met = 0  # slices past _largest_met that overshot: 2 end the start
+        self.records: deque[TickRecord] = deque(maxlen=history)
 
-    def observe_decode(self, batch: int, seconds: float) -> None:
-        old = self._decode_s.get(batch)
-        self._decode_s[batch] = seconds if old is None else old + _ALPHA * (seconds - old)
+    def predict_s(self, shape: TickShape) -> float | None:
+        """Predicted seconds of a tick that runs `shape`; None until something is measured."""
+        if self._coef is None:
+            return None
+        return float(shape.features() @ self._coef)
 
-    def observe_prefill(self, tokens: int, context: int, seconds: float) -> None:
-        self._samples.append((tokens, context, seconds))
+    def observe(self, shape: TickShape, seconds: float, target_s: float | None = None) -> None:
+        """Learn from one tick that ran `shape` in `seconds` (sized for `target_s`, if any)."""
+        if shape.is_empty or not seconds > 0:
+            return
+        predicted = self.predict_s(shape)
+        self.records.append(TickRecord(shape, predicted, seconds, target_s))
+        if shape.slices:
+            tokens = max(s.num_tokens for s in shape.slices)
+            self._largest_slice = max(self._largest_slice, tokens)
+            if predicted:
+                self._ratios.append(seconds / predicted)
+            if target_s is not None and shape.decode_contexts:
+                if seconds <= target_s:
+                    self._largest_met = max(self._largest_met, tokens)
+                elif tokens > self._largest_met:
+                    self._overshoots_past_met += 1
+        (self._with_slices if shape.slices else self._without).append(
+            (shape.features(), seconds))
         self._since_fit += 1
-        if self._since_fit >= 4 or len(self._samples) <= 4:
+        if self._coef is None or self._since_fit >= _REFIT_EVERY:
             self._fit()
 
-    def decode_s(self, batch: int) -> float | None:
-        """Seconds of a decode step for `batch` sequences (nearest measured batch size)."""
-        if not self._decode_s:
-            return None
-        nearest = min(self._decode_s, key=lambda b: (abs(b - batch), -b))
-        return self._decode_s[nearest] * max(1.0, batch / nearest) ** 0.5
+    def margin(self) -> float:
+        """The factor predictions are scaled by when sizing a slice (1 until enough slices)."""
+        if len(self._ratios) < _MARGIN_MIN_SAMPLES:
+            return 1.0
+        return float(np.quantile(np.array(self._ratios), _MARGIN_QUANTILE))
 
-    def prefill_s(self, tokens: int, context: int) -> float:
-        o, a, b = self._coef
-        return o + a * tokens + b * tokens * context
-
-    def prefill_tokens_within(self, seconds: float, context: int, most: int) -> int:
-        """The most prompt tokens (<= `most`) a slice at `context` can run in `seconds`;
-        0 while nothing has been measured."""
-        if not self._samples:
+    def slice_tokens_within(self, seconds: float, decode_contexts: Sequence[int],
+                            context: int, most: int) -> int:
+        """The most prompt tokens (<= `most`) that one slice at `context` can run next to the
+        decode rows in `seconds`; 0 while no slice has been measured."""
+        coef = self._coef
+        if self._largest_slice == 0 or coef is None:
             return 0
-        o, a, b = self._coef
-        per_token = a + b * context
-        if per_token <= 0:
-            return most
-        return int(max(0, min(most, (seconds - o) / per_token)))
+        rows, margin = tuple(decode_contexts), self.margin()
+
+        def fits(tokens: int) -> bool:
+            shape = TickShape(rows, (SliceShape(tokens, context),))
+            return float(shape.features() @ coef) * margin <= seconds
+
+        low, high = 0, min(most, 2 * self._largest_slice)
+        while low < high:  # the largest that fits: predictions grow with the slice
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        if self._overshoots_past_met < 2:
+            return max(low, min(most, 2 * self._largest_met))
+        return low
 
     def _fit(self) -> None:
         self._since_fit = 0
-        data = np.array(self._samples, dtype=np.float64)
-        t, c, s = data[:, 0], data[:, 1], data[:, 2]
-        if len(data) < 4 or np.ptp(t) == 0 and np.ptp(c) == 0:
-            self._coef = (0.0, float(np.mean(s / t)), 0.0)  # too little spread: per token only
-            return
-        # The fixed cost per forward can only be told apart from the per-token cost when the
-        # slices differ in size (whole chunks alone make `1` and `t` collinear).
-        with_fixed = t.max() >= 2 * t.min()
-        columns = [np.ones_like(t)] if with_fixed else []
-        features = np.stack([*columns, t, t * c], axis=1)
-        coef = [max(0.0, float(x)) for x in np.linalg.lstsq(features, s, rcond=None)[0]]
-        o, a, b = coef if with_fixed else (0.0, *coef)
-        if a == 0.0 and b == 0.0:  # a degenerate fit: fall back to the mean per-token cost
-            o, a = 0.0, float(np.mean(s / t))
-        self._coef = (o, a, b)
+        samples = [*self._with_slices, *self._without]
+        x = np.array([f for f, _ in samples])
+        y = np.array([s for _, s in samples])
+        # Weighted for relative error; columns scaled so no feature's units dominate.
+        scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+        xw = x / scale / y[:, None]
+        coef = _nonnegative_lstsq(xw, np.ones_like(y))
+        self._coef = coef / scale
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Least squares with every coefficient >= 0: drop the most negative and refit until none is
+    # (an active-set sketch of NNLS; six features need at most six rounds).
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        del active[int(np.argmin(sol))]
+    return coef
