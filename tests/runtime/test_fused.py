@@ -1,4 +1,10 @@
-"""The fused forward against the model's own forward, array for array."""
+"""The fused forward against the model's own forward, array for array.
+
+Bit for bit where the BLAS computes each row of a matrix product on its own (the reference
+BLAS that MLX's Linux wheel links does); an optimized BLAS blocks rows together, so a row's
+last bits depend on how many rows share the product, and there the arrays must agree to
+float32 rounding (the executor's greedy-token tests stay exact under both).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,21 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.model import BUILTIN_CONFIG
+
+
+def blas_rows_independent() -> bool:
+    mx.random.seed(0)
+    x, w = mx.random.normal((64, 128)), mx.random.normal((128, 384))
+    whole = x @ w
+    return all(mx.array_equal(whole[i: i + 1], x[i: i + 1] @ w).item() for i in range(64))
+
+
+EXACT = blas_rows_independent()
+
+
+def same(a: mx.array, b: mx.array) -> bool:
+    return mx.array_equal(a, b).item() if EXACT else mx.allclose(a, b, rtol=1e-4,
+                                                                  atol=1e-5).item()
 
 
 def random_model(module, **config):
@@ -57,7 +78,7 @@ MIXES = {
 
 @pytest.mark.parametrize("module", [llama, qwen2], ids=["llama", "qwen2"])
 @pytest.mark.parametrize("mix", MIXES)
-def test_fused_forward_equals_the_models_own_forward_bit_for_bit(module, mix):
+def test_fused_forward_equals_the_models_own_forward(module, mix):
     model = random_model(module, model_type=module.__name__.rsplit(".", 1)[1])
     rows, slices = MIXES[mix]
     fused = make_segments(model, 1, rows, slices)
@@ -67,13 +88,13 @@ def test_fused_forward_equals_the_models_own_forward_bit_for_bit(module, mix):
         assert got is None
     else:
         assert got is not None and got.shape == want.shape
-        assert mx.array_equal(got, want).item()
+        assert same(got, want)
     for mine, theirs in zip(fused, apart, strict=True):
         for a, b in zip(mine.cache, theirs.cache, strict=True):
             assert a.offset.tolist() == b.offset.tolist() if isinstance(a, BatchKVCache) \
                 else a.offset == b.offset
             for x, y in zip(a.state[:2], b.state[:2], strict=True):
-                assert mx.array_equal(x, y).item()
+                assert same(x, y)
 
 
 def test_only_architectures_whose_layers_it_restates_are_fused():
