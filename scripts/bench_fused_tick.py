@@ -9,6 +9,11 @@ ways to run it, timed on the same caches (the tick's tokens are trimmed off afte
   padded  one mlx-lm forward over a (R + 1, t) batch in one BatchKVCache, every row padded to
           the slice's length (measured only where (R + 1) * t <= --padded-max-tokens).
 
+With --executor it times whole ticks of the Executor instead (sampling and bookkeeping
+included): `Executor.run` with R decode rows and one t-token slice, on two executors holding
+the same sequences, one fused and one running the forwards apart, alternated; the streams and
+the prompt start at --executor-context tokens.
+
 The streams and the prompt share a context c (the streams have at least a 16-token prompt; the
 caches are filled once per c). Each shape runs
 --reps times per way, the ways alternated; it prints the median and the worst ms, and the
@@ -16,6 +21,7 @@ median of the per-repetition ratios fused/apart and padded/fused.
 
     .venv/bin/python scripts/bench_fused_tick.py [--rows 4,16] [--slices 16,64,256]
         [--contexts 0,4000,8000] [--reps 5] [--json]
+    .venv/bin/python scripts/bench_fused_tick.py --executor [--rows 4,16] [--slices 1,16,64]
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runtime.executor import Executor  # noqa: E402
 from runtime.fused import Segment, forward_fused  # noqa: E402
 from runtime.model import load_model  # noqa: E402
+from runtime.sampling import SamplingParams  # noqa: E402
+from statemachine.scheduler import PrefillWork  # noqa: E402
 
 
 def tokens(num: int, rng: random.Random) -> mx.array:
@@ -119,6 +128,33 @@ def measure(model: Any, rows: int, slice_tokens: int, batch: list[Any], prompt: 
     return out
 
 
+def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int,
+                   reps: int) -> dict[str, Any]:
+    """Median ms of `Executor.run(one slice, R rows)`, fused and apart, alternated."""
+    rng = random.Random(rows * 1000 + slice_tokens)
+    streams = [[rng.randrange(32, 127) for _ in range(context)] for _ in range(rows)]
+    long = [rng.randrange(32, 127) for _ in range(context + slice_tokens * (reps + 2) + 1)]
+    runs: dict[str, Executor] = {}
+    for name, fuse in (("fused", True), ("apart", False)):
+        ex = runs[name] = Executor(bundle, fuse=fuse)
+        for i, prompt in enumerate([*streams, long]):
+            ex.add(i, prompt, SamplingParams(max_tokens=reps + 8))
+            ex.prefill(i, context if i == rows else len(prompt))
+    decode, work = list(range(rows)), [PrefillWork(rows, slice_tokens)]
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(reps + 1):  # the first is a warm-up
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            tic = time.perf_counter()
+            runs[name].run(work, decode)
+            if rep:
+                times[name].append(time.perf_counter() - tic)
+    return {"rows": rows, "slice": slice_tokens, "context": context,
+            **{name: {"median_ms": statistics.median(t) * 1e3, "max_ms": max(t) * 1e3}
+               for name, t in times.items()},
+            "fused_over_apart": statistics.median(
+                f / a for f, a in zip(times["fused"], times["apart"], strict=True))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="mlx-lm model dir (default: built-in)")
@@ -127,11 +163,24 @@ def main() -> None:
     parser.add_argument("--contexts", default="0,4000,8000")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--padded-max-tokens", type=int, default=1100)
+    parser.add_argument("--executor", action="store_true", help="time Executor ticks")
+    parser.add_argument("--executor-context", type=int, default=500)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     bundle = load_model(args.model)
+    if args.executor:
+        ticks = []
+        for rows in [int(r) for r in args.rows.split(",")]:
+            for slice_tokens in [int(t) for t in args.slices.split(",")]:
+                ticks.append(executor_ticks(bundle, rows, slice_tokens, args.executor_context,
+                                            args.reps))
+                if not args.json:
+                    print(format_row(ticks[-1]), flush=True)
+        if args.json:
+            print(json.dumps({"model": bundle.name, "reps": args.reps, "ticks": ticks}))
+        return
     model, rng = bundle.model, random.Random(0)
     results = []
     for context in [int(c) for c in args.contexts.split(",")]:

@@ -11,7 +11,7 @@ decode-only ticks and over ticks with a slice, the measured / target ratio of bu
 (p50/p95/p99/max) and how many overshot the target (and by more than 25%), the slices' sizes,
 the prompt's TTFT, and the streams' inter-token gaps while it prefilled.
 
-    .venv/bin/python scripts/bench_tick_cost.py [--streams 4,16] [--prompt-tokens 4000]
+    .venv/bin/python scripts/bench_tick_cost.py [--streams 4,16] [--prompt-tokens 2000]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="mlx-lm model dir (default: built-in)")
     parser.add_argument("--streams", default="4,16")
-    parser.add_argument("--prompt-tokens", type=int, default=4000)
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--quiet-ticks", type=int, default=40,
                         help="tokens each stream decodes before the prompt arrives")
     parser.add_argument("--policy", default="token_budget",
