@@ -9,17 +9,16 @@ publishing. Its time is modelled as a sum of non-negative costs, each tied to on
 where a decode row costs its share of the projections and MLP plus its sampling and publishing,
 a slice token only its share of the projections and MLP, `row_context` is the decode batch's
 padded context (each row attends that many keys), and a slice of t tokens at context c attends
-c + 1 .. c + t keys per token. The coefficients are refitted by non-negative least
-squares, weighted for relative error, over the most recent ticks with slices and without (kept
-apart, so a long run of decode-only ticks does not push the slice ticks out).
+c + 1 .. c + t keys per token. The coefficients are refitted by non-negative least squares,
+weighted for relative error, over the most recent ticks with slices and without (kept apart,
+so a long run of decode-only ticks does not push the slice ticks out).
 
-The slice that fits a target is the largest whose prediction, times the recent upper quantile
-of measured/predicted over ticks with slices, stays within it: the model's own error sets the
-margin. A slice is never more than twice the largest one measured, so a model fitted on small
-slices is not trusted far past them. While it learns, slices also double from the largest that
-met its target (a slow start, ended by the second slice past that size that overshoots): the
-cost of a few tokens drowns in a tick's noise, so a cold model could stay stuck at the few-token
-slices it learned from.
+The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
+measured/predicted over the recent ticks with slices (under the current fit), stays within it:
+the machine's noise around the model sets the margin. A slice is never more than twice the
+largest that met its target next to decode rows, so slices start small and a model that errs
+(fitted on few-token slices, or misled by noise) grows them only by doubling, each step
+measured.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import numpy as np
 
 _REFIT_EVERY = 4  # ticks between least-squares fits
 _MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
+_MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
 _MARGIN_MIN_SAMPLES = 8
 
 
@@ -81,12 +81,10 @@ class CostModel:
             raise ValueError(f"window must be >= 8 and history >= 1, got {window}, {history}")
         self._with_slices: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
         self._without: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
-        self._ratios: deque[float] = deque(maxlen=window // 2)  # measured/predicted, slices
         self._coef: np.ndarray | None = None
+        self._margin = 1.0
         self._since_fit = 0
-        self._largest_slice = 0  # tokens of the largest slice measured
         self._largest_met = 0  # tokens of the largest slice next to decode rows that met its target
-        self._overshoots_past_met = 0  # slices past _largest_met that overshot: 2 end the start
         self.records: deque[TickRecord] = deque(maxlen=history)
 
     def predict_s(self, shape: TickShape) -> float | None:
@@ -101,16 +99,10 @@ class CostModel:
             return
         predicted = self.predict_s(shape)
         self.records.append(TickRecord(shape, predicted, seconds, target_s))
-        if shape.slices:
+        if shape.slices and shape.decode_contexts and target_s is not None \
+                and seconds <= target_s:
             tokens = max(s.num_tokens for s in shape.slices)
-            self._largest_slice = max(self._largest_slice, tokens)
-            if predicted:
-                self._ratios.append(seconds / predicted)
-            if target_s is not None and shape.decode_contexts:
-                if seconds <= target_s:
-                    self._largest_met = max(self._largest_met, tokens)
-                elif tokens > self._largest_met:
-                    self._overshoots_past_met += 1
+            self._largest_met = max(self._largest_met, tokens)
         (self._with_slices if shape.slices else self._without).append(
             (shape.features(), seconds))
         self._since_fit += 1
@@ -119,16 +111,14 @@ class CostModel:
 
     def margin(self) -> float:
         """The factor predictions are scaled by when sizing a slice (1 until enough slices)."""
-        if len(self._ratios) < _MARGIN_MIN_SAMPLES:
-            return 1.0
-        return float(np.quantile(np.array(self._ratios), _MARGIN_QUANTILE))
+        return self._margin
 
     def slice_tokens_within(self, seconds: float, decode_contexts: Sequence[int],
                             context: int, most: int) -> int:
         """The most prompt tokens (<= `most`) that one slice at `context` can run next to the
-        decode rows in `seconds`; 0 while no slice has been measured."""
+        decode rows in `seconds`; 0 while nothing has been measured."""
         coef = self._coef
-        if self._largest_slice == 0 or coef is None:
+        if coef is None:
             return 0
         rows, margin = tuple(decode_contexts), self.margin()
 
@@ -136,12 +126,10 @@ class CostModel:
             shape = TickShape(rows, (SliceShape(tokens, context),))
             return float(shape.features() @ coef) * margin <= seconds
 
-        low, high = 0, min(most, 2 * self._largest_slice)
+        low, high = 0, min(most, 2 * max(1, self._largest_met))
         while low < high:  # the largest that fits: predictions grow with the slice
             mid = (low + high + 1) // 2
             low, high = (mid, high) if fits(mid) else (low, mid - 1)
-        if self._overshoots_past_met < 2:
-            return max(low, min(most, 2 * self._largest_met))
         return low
 
     def _fit(self) -> None:
@@ -152,19 +140,34 @@ class CostModel:
         # Weighted for relative error; columns scaled so no feature's units dominate.
         scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
         xw = x / scale / y[:, None]
-        coef = _nonnegative_lstsq(xw, np.ones_like(y))
-        self._coef = coef / scale
+        self._coef = _nonnegative_lstsq(xw, np.ones_like(y)) / scale
+        recent = list(self._with_slices)[-_MARGIN_TICKS:]
+        if len(recent) >= _MARGIN_MIN_SAMPLES:
+            fitted = np.array([f for f, _ in recent]) @ self._coef
+            ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
+            self._margin = float(np.quantile(ratios, _MARGIN_QUANTILE))
 
 
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # Least squares with every coefficient >= 0: drop the most negative and refit until none is
-    # (an active-set sketch of NNLS; six features need at most six rounds).
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-        if (sol >= 0).all():
-            coef[active] = sol
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # argmin |a x - b| with every x >= 0 (Lawson and Hanson's active-set NNLS).
+    num = a.shape[1]
+    passive, x = np.zeros(num, dtype=bool), np.zeros(num)
+    for _ in range(3 * num):
+        gradient = a.T @ (b - a @ x)
+        if passive.all() or gradient[~passive].max() <= 1e-12:
             break
-        del active[int(np.argmin(sol))]
-    return coef
+        passive[int(np.argmax(np.where(passive, -np.inf, gradient)))] = True
+        z = np.zeros(num)
+        while passive.any():
+            z = np.zeros(num)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if z[passive].min() > 0:
+                break
+            # Step back to where the first coefficient reaches zero, and free it.
+            bad = passive & (z <= 0)
+            gap = x[bad] - z[bad]
+            step = np.min(np.where(gap > 0, x[bad] / np.where(gap > 0, gap, 1.0), 0.0))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+        x = np.where(passive, z, 0.0)
+    return x

@@ -44,11 +44,13 @@ def random_tick(rng: random.Random) -> TickShape:
 
 
 def trained(truth: Machine, ticks: int = 300, seed: int = 0, spread: float = 0.1) -> CostModel:
+    """A model that has seen random ticks, each within a target 25% above what it took."""
     rng = random.Random(seed)
     model, measure = CostModel(), noisy(truth, rng, spread)
     for _ in range(ticks):
         shape = random_tick(rng)
-        model.observe(shape, measure(shape))
+        seconds = measure(shape)
+        model.observe(shape, seconds, target_s=seconds * 1.25)
     return model
 
 
@@ -101,15 +103,19 @@ def test_slices_shrink_as_context_grows_and_grow_with_the_target():
     assert model.slice_tokens_within(100.0, rows, 0, most=300) == 300
 
 
-def test_a_slice_is_never_far_past_the_largest_measured():
-    # Trained only on small slices, the model must not promise a huge one from extrapolation.
-    truth, rng = machine(), random.Random(3)
+def test_a_slice_is_never_far_past_the_largest_that_met_its_target():
+    # Slices up to 16 tokens met their targets; two of 32 overshot (the slow start is over).
+    # However large the target, the model may not promise more than twice 16 tokens.
+    truth, rng, rows = machine(), random.Random(3), (800,) * 4
     model = CostModel()
     for _ in range(100):
-        shape = TickShape((800,) * 4, (SliceShape(rng.choice([4, 8, 16]), 100),))
+        shape = TickShape(rows, (SliceShape(rng.choice([4, 8, 16]), 100),))
         model.observe(shape, truth(shape), target_s=1.0)
-        model.observe(TickShape((800,) * 4), truth(TickShape((800,) * 4)))
-    assert model.slice_tokens_within(100.0, (800,) * 4, 100, most=512) <= 32
+        model.observe(TickShape(rows), truth(TickShape(rows)))
+    for _ in range(2):
+        shape = TickShape(rows, (SliceShape(32, 100),))
+        model.observe(shape, truth(shape), target_s=truth(shape) / 2)
+    assert model.slice_tokens_within(100.0, rows, 100, most=512) == 32
 
 
 def closed_loop(truth: Machine, ticks: int, seed: int, spread: float,
@@ -145,6 +151,15 @@ def test_from_cold_the_slices_ramp_up_and_ticks_stay_near_the_target(seed):
     late = over[20:]
     assert sum(r > 1.0 for r in late) / len(late) <= 0.2  # the 0.9-quantile margin
     assert max(late) <= 1.3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_from_cold_on_a_noisy_machine_the_slices_still_ramp_up(seed):
+    # +-30% noise: a few-token slice's cost is lost in it, so the model alone would stall.
+    truth, rows = machine(), (2000,) * 8
+    slices, _ = closed_loop(truth, ticks=12, seed=seed, spread=0.3)
+    target = truth(TickShape(rows)) * 2.5
+    assert max(slices[:6]) >= 0.5 * largest_fitting(truth, rows, 0, target), slices[:6]
 
 
 def test_the_model_follows_a_machine_that_slows_down():
