@@ -10,9 +10,9 @@ ways to run it, timed on the same caches (the tick's tokens are trimmed off afte
           the slice's length (measured only where (R + 1) * t <= --padded-max-tokens).
 
 With --executor it times whole ticks of the Executor instead (sampling and bookkeeping
-included): `Executor.run` with R decode rows and one t-token slice, on two executors holding
-the same sequences, one fused and one running the forwards apart, alternated; the streams and
-the prompt start at --executor-context tokens.
+included): `Executor.run` with R decode rows and a t-token slice of each of --executor-prompts
+prompts (default 1), on two executors holding the same sequences, one fused and one running
+the forwards apart, alternated; the streams and the prompts start at --executor-context tokens.
 
 The streams and the prompt share a context c (the streams have at least a 16-token prompt; the
 caches are filled once per c). Each shape runs
@@ -128,19 +128,22 @@ def measure(model: Any, rows: int, slice_tokens: int, batch: list[Any], prompt: 
     return out
 
 
-def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int,
-                   reps: int) -> dict[str, Any]:
-    """Median ms of `Executor.run(one slice, R rows)`, fused and apart, alternated."""
+def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int, reps: int,
+                   prompts: int = 1) -> dict[str, Any]:
+    """Median ms of `Executor.run(a slice of each of `prompts` prompts, R rows)`, fused and
+    apart, alternated."""
     rng = random.Random(rows * 1000 + slice_tokens)
     streams = [[rng.randrange(32, 127) for _ in range(context)] for _ in range(rows)]
-    long = [rng.randrange(32, 127) for _ in range(context + slice_tokens * (reps + 2) + 1)]
+    longs = [[rng.randrange(32, 127) for _ in range(context + slice_tokens * (reps + 2) + 1)]
+             for _ in range(prompts)]
     runs: dict[str, Executor] = {}
     for name, fuse in (("fused", True), ("apart", False)):
         ex = runs[name] = Executor(bundle, fuse=fuse)
-        for i, prompt in enumerate([*streams, long]):
+        for i, prompt in enumerate([*streams, *longs]):
             ex.add(i, prompt, SamplingParams(max_tokens=reps + 8))
-            ex.prefill(i, context if i == rows else len(prompt))
-    decode, work = list(range(rows)), [PrefillWork(rows, slice_tokens)]
+            ex.prefill(i, context if i >= rows else len(prompt))
+    decode = list(range(rows))
+    work = [PrefillWork(rows + p, slice_tokens) for p in range(prompts)]
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(reps + 1):  # the first is a warm-up
         for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
@@ -148,7 +151,7 @@ def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int,
             runs[name].run(work, decode)
             if rep:
                 times[name].append(time.perf_counter() - tic)
-    return {"rows": rows, "slice": slice_tokens, "context": context,
+    return {"rows": rows, "slice": slice_tokens, "context": context, "prompts": prompts,
             **{name: {"median_ms": statistics.median(t) * 1e3, "max_ms": max(t) * 1e3}
                for name, t in times.items()},
             "fused_over_apart": statistics.median(
@@ -165,6 +168,8 @@ def main() -> None:
     parser.add_argument("--padded-max-tokens", type=int, default=1100)
     parser.add_argument("--executor", action="store_true", help="time Executor ticks")
     parser.add_argument("--executor-context", type=int, default=500)
+    parser.add_argument("--executor-prompts", type=int, default=1,
+                        help="prompts whose slices each executor tick runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     if args.reps < 1:
@@ -175,7 +180,7 @@ def main() -> None:
         for rows in [int(r) for r in args.rows.split(",")]:
             for slice_tokens in [int(t) for t in args.slices.split(",")]:
                 ticks.append(executor_ticks(bundle, rows, slice_tokens, args.executor_context,
-                                            args.reps))
+                                            args.reps, args.executor_prompts))
                 if not args.json:
                     print(format_row(ticks[-1]), flush=True)
         if args.json:
@@ -205,7 +210,9 @@ def main() -> None:
 
 
 def format_row(row: dict[str, Any]) -> str:
-    text = (f"rows {row['rows']:>3} slice {row['slice']:>4} context {row['context']:>6}:  "
+    prompts = f" x{row['prompts']}" if row.get("prompts", 1) > 1 else ""
+    text = (f"rows {row['rows']:>3} slice {row['slice']:>4}{prompts} context "
+            f"{row['context']:>6}:  "
             f"fused {row['fused']['median_ms']:8.1f} ms (max {row['fused']['max_ms']:8.1f})  "
             f"apart {row['apart']['median_ms']:8.1f} ms (max {row['apart']['max_ms']:8.1f})  "
             f"fused/apart {row['fused_over_apart']:5.2f}")
