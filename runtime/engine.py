@@ -21,11 +21,11 @@ import mlx.core as mx
 from runtime.admission import Admission
 from runtime.api import EngineDead, GenerationRequest, Sink
 from runtime.budget import CostModel, SliceShape, TickShape
-from runtime.executor import Executor
+from runtime.executor import Executor, SliceWork
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
 from runtime.requests import LiveRequest, kv_tokens
-from statemachine.scheduler import PrefillWork, Scheduler, TickPlan
+from statemachine.scheduler import Scheduler, TickPlan
 from statemachine.tick import TickState, make_policy
 from statemachine.trace import TraceLog
 
@@ -260,7 +260,7 @@ class Engine:
                 self._fail(seq_id, exc)
         return finished
 
-    def _run_apart(self, prefills: list[PrefillWork], decode: list[int],
+    def _run_apart(self, prefills: list[SliceWork], decode: list[int],
                    exc: Exception) -> dict[int, int]:
         pieces = [([w], []) for w in prefills] + ([([], decode)] if decode else [])
         tokens: dict[int, int] = {}

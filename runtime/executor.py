@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -26,9 +27,27 @@ from runtime.decode_batch import DecodeBatch
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.model import ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
-from statemachine.scheduler import PrefillWork
 
 log = logging.getLogger("fairtick.executor")
+
+
+class SliceWork(Protocol):
+    """A prefill slice for `run`: the next `num_tokens` prompt tokens of `seq_id`. The
+    scheduler's plan hands its own records (`PrefillWork`); `Slice` is one for other callers."""
+
+    @property
+    def seq_id(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A SliceWork made by hand."""
+
+    seq_id: int
+    num_tokens: int
 
 
 class _Sequence:
@@ -107,13 +126,13 @@ class Executor:
 
     def prefill(self, seq_id: int, num_tokens: int) -> int | None:
         """`run` with one prefill slice: the sequence's first token once its prompt is done."""
-        return self.run([PrefillWork(seq_id, num_tokens)], []).get(seq_id)
+        return self.run([Slice(seq_id, num_tokens)], []).get(seq_id)
 
     def decode(self, seq_ids: Sequence[int]) -> dict[int, int]:
         """`run` with one decode step for `seq_ids` and no prefill."""
         return self.run([], seq_ids)
 
-    def run(self, prefills: Sequence[PrefillWork], decode: Sequence[int]) -> dict[int, int]:
+    def run(self, prefills: Sequence[SliceWork], decode: Sequence[int]) -> dict[int, int]:
         """One tick: the next `num_tokens` prompt tokens of each prefill (fewer if fewer are
         left) and one decode step for each sequence in `decode`, as one forward. Returns the
         next token of every decoded sequence and of every sequence whose prompt this tick
@@ -164,7 +183,7 @@ class Executor:
             raise KeyError(f"unknown sequence {seq_id}") from None
 
     # -- one tick ----------------------------------------------------------------------------
-    def _check(self, prefills: Sequence[PrefillWork],
+    def _check(self, prefills: Sequence[SliceWork],
                decode: Sequence[int]) -> list[tuple[_Sequence, int]]:
         ids = [w.seq_id for w in prefills] + list(decode)
         if len(set(ids)) != len(ids):

@@ -41,11 +41,10 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.executor import Executor  # noqa: E402
+from runtime.executor import Executor, Slice  # noqa: E402
 from runtime.fused import Segment, forward_fused  # noqa: E402
 from runtime.model import load_model  # noqa: E402
 from runtime.sampling import SamplingParams  # noqa: E402
-from statemachine.scheduler import PrefillWork  # noqa: E402
 
 
 def tokens(num: int, rng: random.Random) -> mx.array:
@@ -143,7 +142,7 @@ def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int, reps
             ex.add(i, prompt, SamplingParams(max_tokens=reps + 8))
             ex.prefill(i, context if i >= rows else len(prompt))
     decode = list(range(rows))
-    work = [PrefillWork(rows + p, slice_tokens) for p in range(prompts)]
+    work = [Slice(rows + p, slice_tokens) for p in range(prompts)]
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(reps + 1):  # the first is a warm-up
         for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):

@@ -13,10 +13,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models import llama, qwen2, qwen3
 
 from runtime import executor as executor_module
-from runtime.executor import Executor
+from runtime.executor import Executor, Slice
 from runtime.model import BUILTIN_CONFIG, ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler
-from statemachine.scheduler import PrefillWork
 
 CHUNK = 16
 EOS = 257
@@ -151,7 +150,7 @@ def run_mixed_ticks(ex: Executor, prompts: dict[int, list[int]],
             ex.evict(seq_id)
             decoding.remove(seq_id)
             parked.append(seq_id)
-        slices = [PrefillWork(s, rng.choice([1, 3, 16, 29, 64, 300]))
+        slices = [Slice(s, rng.choice([1, 3, 16, 29, 64, 300]))
                   for s in parked[: rng.randint(0, 3)]]
         rows = [s for s in decoding if rng.random() < 0.85]
         tokens = ex.run(slices, rows)
@@ -229,15 +228,15 @@ def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, 
 
     # First the prompt's first token fails (the decode rows take the queued step), then the
     # evaluation itself (nothing queued any more, every row sampled, the slice in the cache).
-    for target, name, work in ((SequenceSampler, "sample", PrefillWork(2, 45)),
-                               (executor_module.mx, "eval", PrefillWork(2, 20))):
+    for target, name, work in ((SequenceSampler, "sample", Slice(2, 45)),
+                               (executor_module.mx, "eval", Slice(2, 20))):
         with monkeypatch.context() as patch:
             patch.setattr(target, name, failing)
             with pytest.raises(RuntimeError, match="injected"):
                 ex.run([work], [0, 1])
         assert ex.prompt_left(2) == 45 and ex.num_cached(0) == len(prompts[0]) + 3
     for num_tokens in (20, 25):
-        for seq_id, token in ex.run([PrefillWork(2, num_tokens)], [0, 1]).items():
+        for seq_id, token in ex.run([Slice(2, num_tokens)], [0, 1]).items():
             out.setdefault(seq_id, []).append(token)
     assert out[0] == reference(bundle, prompts[0], 6)
     assert out[2] == reference(bundle, prompts[2], 1)
