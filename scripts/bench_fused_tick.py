@@ -36,10 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import runtime  # noqa: E402, F401  (first: a BLAS that runtime loads must precede MLX)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 from runtime.executor import Executor, Slice  # noqa: E402
 from runtime.fused import Segment, forward_fused  # noqa: E402
