@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_REFIT_EVERY = 4  # ticks between least-squares fits
+_REFIT_EVERY = 4  # ticks between least-squares fits while slices run (a fit takes ~0.5 ms)
+_REFIT_EVERY_DECODE_ONLY = 32  # and while only decode steps run: nothing is sized then
 _MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
 _MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
 _MARGIN_MIN_SAMPLES = 8
@@ -106,7 +107,8 @@ class CostModel:
         (self._with_slices if shape.slices else self._without).append(
             (shape.features(), seconds))
         self._since_fit += 1
-        if self._coef is None or self._since_fit >= _REFIT_EVERY:
+        every = _REFIT_EVERY if shape.slices else _REFIT_EVERY_DECODE_ONLY
+        if self._coef is None or self._since_fit >= every:
             self._fit()
 
     def margin(self) -> float:
