@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_REFIT_EVERY = 4  # ticks between least-squares fits while slices run (a fit takes ~0.5 ms)
-_REFIT_EVERY_DECODE_ONLY = 32  # and while only decode steps run: nothing is sized then
+_REFIT_EVERY = 4  # ticks between least-squares fits (a fit takes ~0.5 ms)
+_REFIT_EVERY_DECODE_ONLY = 32  # while decode-only ticks come within _CLOSE of the prediction
+_CLOSE = 0.1
 _MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
 _MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
 _MARGIN_MIN_SAMPLES = 8
@@ -107,7 +108,8 @@ class CostModel:
         (self._with_slices if shape.slices else self._without).append(
             (shape.features(), seconds))
         self._since_fit += 1
-        every = _REFIT_EVERY if shape.slices else _REFIT_EVERY_DECODE_ONLY
+        close = predicted is not None and abs(predicted / seconds - 1) <= _CLOSE
+        every = _REFIT_EVERY_DECODE_ONLY if close and not shape.slices else _REFIT_EVERY
         if self._coef is None or self._since_fit >= every:
             self._fit()
 
