@@ -9,6 +9,9 @@ ways to run it, timed on the same caches (the tick's tokens are trimmed off afte
   padded  one mlx-lm forward over a (R + 1, t) batch in one BatchKVCache, every row padded to
           the slice's length (measured only where (R + 1) * t <= --padded-max-tokens).
 
+With --decode-against DIR it times decode-only ticks (pipelined) of this Executor against the
+Executor of another checkout DIR, loaded in the same process, blocks of 20 steps alternated.
+
 With --executor it times whole ticks of the Executor instead (sampling and bookkeeping
 included): `Executor.run` with R decode rows and a t-token slice of each of --executor-prompts
 prompts (default 1), on two executors holding the same sequences, one fused and one running
@@ -22,11 +25,13 @@ median of the per-repetition ratios fused/apart and padded/fused.
     .venv/bin/python scripts/bench_fused_tick.py [--rows 4,16] [--slices 16,64,256]
         [--contexts 0,4000,8000] [--reps 5] [--json]
     .venv/bin/python scripts/bench_fused_tick.py --executor [--rows 4,16] [--slices 1,16,64]
+    .venv/bin/python scripts/bench_fused_tick.py --decode-against OTHER_CHECKOUT [--reps 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import statistics
@@ -160,6 +165,35 @@ def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int, reps
                 f / a for f, a in zip(times["fused"], times["apart"], strict=True))}
 
 
+def decode_against(bundle: Any, other_root: str, rows: int, reps: int) -> dict[str, Any]:
+    """ms per pipelined decode step of this Executor and of `other_root`'s (another checkout,
+    its runtime/executor.py loaded beside this one), blocks of 20 steps alternated."""
+    spec = importlib.util.spec_from_file_location(
+        "other_executor", Path(other_root) / "runtime" / "executor.py")
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    rng = random.Random(rows)
+    prompts = [[rng.randrange(32, 127) for _ in range(128)] for _ in range(rows)]
+    runs = {"this": Executor(bundle), "other": other.Executor(bundle)}
+    ids = list(range(rows))
+    for ex in runs.values():
+        for i, prompt in enumerate(prompts):
+            ex.add(i, prompt, SamplingParams(max_tokens=20 * (reps + 2) + 8))
+            ex.prefill(i, len(prompt))
+        ex.decode(ids)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(reps):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            tic = time.perf_counter()
+            for _ in range(20):
+                runs[name].decode(ids)
+            times[name].append((time.perf_counter() - tic) / 20)
+    return {"rows": rows, **{name: statistics.median(t) * 1e3 for name, t in times.items()},
+            "this_over_other": statistics.median(
+                a / b for a, b in zip(times["this"], times["other"], strict=True))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="mlx-lm model dir (default: built-in)")
@@ -172,11 +206,19 @@ def main() -> None:
     parser.add_argument("--executor-context", type=int, default=500)
     parser.add_argument("--executor-prompts", type=int, default=1,
                         help="prompts whose slices each executor tick runs")
+    parser.add_argument("--decode-against", metavar="DIR",
+                        help="time decode steps against the Executor of another checkout")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     bundle = load_model(args.model)
+    if args.decode_against:
+        for rows in [int(r) for r in args.rows.split(",")]:
+            r = decode_against(bundle, args.decode_against, rows, args.reps)
+            print(f"rows {rows:>3}: this {r['this']:.2f} ms/step, {args.decode_against} "
+                  f"{r['other']:.2f} ms/step, this/other {r['this_over_other']:.3f}", flush=True)
+        return
     if args.executor:
         ticks = []
         for rows in [int(r) for r in args.rows.split(",")]:
