@@ -5,9 +5,11 @@ with its own per-layer KV cache: the decode batch (rows = sequences, length 1, o
 `BatchKVCache`) or the slice of one prompt (rows 1, length = slice tokens, its `KVCache`).
 For the Llama family (mlx-lm's `llama` module, which also serves mistral, and `qwen2`) the
 norms, projections and MLP run once over every token of every segment, concatenated along the
-token axis; rope, the cache update and attention run per segment against its own cache, exactly
-as mlx-lm's own layer does (the same ops on the same shapes, so greedy tokens are identical).
-Any other architecture runs each segment through the model's own forward (`forward_apart`).
+token axis; rope, the cache update and attention run per segment against its own cache, with
+the ops and shapes of mlx-lm's own layer. Its output equals the model's own forward bit for bit
+where the BLAS computes each row of a product alone (the reference BLAS), and to float32
+rounding where it blocks rows together (OpenBLAS). Any other architecture runs each segment
+through the model's own forward (`forward_apart`).
 """
 
 from __future__ import annotations
