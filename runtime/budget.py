@@ -1,75 +1,177 @@
-"""Online cost model of a tick, for policies that size prefill slices to a latency target.
+"""Online cost model of a tick: its seconds predicted from what it runs, learned as it runs.
 
-A decode step's time is tracked per batch size (moving average). A prefill slice of t tokens
-whose prompt already has c tokens in cache costs about o + a*t + b*t*c seconds (a fixed cost
-per forward, the per-token matmuls, and attention over the context); o, a, b are refitted by
-least squares over the most recent slices, so the model follows a long prompt's growing context.
+A tick is one forward over decode rows and prefill slices (runtime/fused.py), then sampling and
+publishing. Its time is modelled as a sum of non-negative costs, each tied to one kind of work:
+
+    fixed + per_slice * slices + per_row * rows + per_token * slice_tokens
+          + per_row_context * rows * row_context + per_attended * sum(t * (c + (t + 1) / 2))
+
+where a decode row costs its share of the projections and MLP plus its sampling and publishing,
+a slice token only its share of the projections and MLP, `row_context` is the decode batch's
+padded context (each row attends that many keys), and a slice of t tokens at context c attends
+c + 1 .. c + t keys per token. The coefficients are refitted by non-negative least squares,
+weighted for relative error, over the most recent ticks with slices and without (kept apart,
+so a long run of decode-only ticks does not push the slice ticks out).
+
+The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
+measured/predicted over the recent ticks with slices (under the current fit), stays within it:
+the machine's noise around the model sets the margin. A slice is never more than twice the
+largest that met its target next to decode rows, so slices start small and a model that errs
+(fitted on few-token slices, or misled by noise) grows them only by doubling, each step
+measured.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-_ALPHA = 0.2  # weight of a new decode measurement in the moving average
+_REFIT_EVERY = 4  # ticks between least-squares fits (a fit takes ~0.5 ms)
+_REFIT_EVERY_DECODE_ONLY = 32  # while decode-only ticks come within _CLOSE of the prediction
+_CLOSE = 0.1
+_MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
+_MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
+_MARGIN_MIN_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A prefill slice: `num_tokens` prompt tokens after `context` tokens already cached."""
+
+    num_tokens: int
+    context: int
+
+
+@dataclass(frozen=True)
+class TickShape:
+    """What one tick runs, as the cost model sees it."""
+
+    decode_contexts: tuple[int, ...] = ()  # cached tokens of each decode row
+    slices: tuple[SliceShape, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode_contexts and not self.slices
+
+    def features(self) -> np.ndarray:
+        rows = len(self.decode_contexts)
+        row_context = rows * (max(self.decode_contexts) + 1) if rows else 0
+        attended = sum(s.num_tokens * (s.context + (s.num_tokens + 1) / 2) for s in self.slices)
+        tokens = sum(s.num_tokens for s in self.slices)
+        return np.array([1.0, len(self.slices), rows, tokens, row_context, attended])
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One observed tick: the prediction made before it ran (None before any fit), what it
+    measured, and the target it was sized for (None when no slice was sized)."""
+
+    shape: TickShape
+    predicted_s: float | None
+    measured_s: float
+    target_s: float | None
 
 
 class CostModel:
     """What ticks cost on this machine, learned from the ticks the engine runs."""
 
-    def __init__(self, window: int = 48) -> None:
-        self._decode_s: dict[int, float] = {}
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._coef = (0.0, 0.0, 0.0)  # o, a, b
+    def __init__(self, window: int = 128, history: int = 4096) -> None:
+        if window < 8 or history < 1:
+            raise ValueError(f"window must be >= 8 and history >= 1, got {window}, {history}")
+        self._with_slices: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._without: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._coef: np.ndarray | None = None
+        self._margin = 1.0
         self._since_fit = 0
+        self._largest_met = 0  # tokens of the largest slice next to decode rows that met its target
+        self.records: deque[TickRecord] = deque(maxlen=history)
 
-    def observe_decode(self, batch: int, seconds: float) -> None:
-        old = self._decode_s.get(batch)
-        self._decode_s[batch] = seconds if old is None else old + _ALPHA * (seconds - old)
+    def predict_s(self, shape: TickShape) -> float | None:
+        """Predicted seconds of a tick that runs `shape`; None until something is measured."""
+        if self._coef is None:
+            return None
+        return float(shape.features() @ self._coef)
 
-    def observe_prefill(self, tokens: int, context: int, seconds: float) -> None:
-        self._samples.append((tokens, context, seconds))
+    def observe(self, shape: TickShape, seconds: float, target_s: float | None = None) -> None:
+        """Learn from one tick that ran `shape` in `seconds` (sized for `target_s`, if any)."""
+        if shape.is_empty or not seconds > 0:
+            return
+        predicted = self.predict_s(shape)
+        self.records.append(TickRecord(shape, predicted, seconds, target_s))
+        if shape.slices and shape.decode_contexts and target_s is not None \
+                and seconds <= target_s:
+            tokens = max(s.num_tokens for s in shape.slices)
+            self._largest_met = max(self._largest_met, tokens)
+        (self._with_slices if shape.slices else self._without).append(
+            (shape.features(), seconds))
         self._since_fit += 1
-        if self._since_fit >= 4 or len(self._samples) <= 4:
+        close = predicted is not None and abs(predicted / seconds - 1) <= _CLOSE
+        every = _REFIT_EVERY_DECODE_ONLY if close and not shape.slices else _REFIT_EVERY
+        if self._coef is None or self._since_fit >= every:
             self._fit()
 
-    def decode_s(self, batch: int) -> float | None:
-        """Seconds of a decode step for `batch` sequences (nearest measured batch size)."""
-        if not self._decode_s:
-            return None
-        nearest = min(self._decode_s, key=lambda b: (abs(b - batch), -b))
-        return self._decode_s[nearest] * max(1.0, batch / nearest) ** 0.5
+    def margin(self) -> float:
+        """The factor predictions are scaled by when sizing a slice (1 until enough slices)."""
+        return self._margin
 
-    def prefill_s(self, tokens: int, context: int) -> float:
-        o, a, b = self._coef
-        return o + a * tokens + b * tokens * context
-
-    def prefill_tokens_within(self, seconds: float, context: int, most: int) -> int:
-        """The most prompt tokens (<= `most`) a slice at `context` can run in `seconds`;
-        0 while nothing has been measured."""
-        if not self._samples:
+    def slice_tokens_within(self, seconds: float, decode_contexts: Sequence[int],
+                            context: int, most: int) -> int:
+        """The most prompt tokens (<= `most`) that one slice at `context` can run next to the
+        decode rows in `seconds`; 0 while nothing has been measured."""
+        coef = self._coef
+        if coef is None:
             return 0
-        o, a, b = self._coef
-        per_token = a + b * context
-        if per_token <= 0:
-            return most
-        return int(max(0, min(most, (seconds - o) / per_token)))
+        rows, margin = tuple(decode_contexts), self.margin()
+
+        def fits(tokens: int) -> bool:
+            shape = TickShape(rows, (SliceShape(tokens, context),))
+            return float(shape.features() @ coef) * margin <= seconds
+
+        low, high = 0, min(most, 2 * max(1, self._largest_met))
+        while low < high:  # the largest that fits: predictions grow with the slice
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        return low
 
     def _fit(self) -> None:
         self._since_fit = 0
-        data = np.array(self._samples, dtype=np.float64)
-        t, c, s = data[:, 0], data[:, 1], data[:, 2]
-        if len(data) < 4 or np.ptp(t) == 0 and np.ptp(c) == 0:
-            self._coef = (0.0, float(np.mean(s / t)), 0.0)  # too little spread: per token only
-            return
-        # The fixed cost per forward can only be told apart from the per-token cost when the
-        # slices differ in size (whole chunks alone make `1` and `t` collinear).
-        with_fixed = t.max() >= 2 * t.min()
-        columns = [np.ones_like(t)] if with_fixed else []
-        features = np.stack([*columns, t, t * c], axis=1)
-        coef = [max(0.0, float(x)) for x in np.linalg.lstsq(features, s, rcond=None)[0]]
-        o, a, b = coef if with_fixed else (0.0, *coef)
-        if a == 0.0 and b == 0.0:  # a degenerate fit: fall back to the mean per-token cost
-            o, a = 0.0, float(np.mean(s / t))
-        self._coef = (o, a, b)
+        samples = [*self._with_slices, *self._without]
+        x = np.array([f for f, _ in samples])
+        y = np.array([s for _, s in samples])
+        # Weighted for relative error; columns scaled so no feature's units dominate.
+        scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+        xw = x / scale / y[:, None]
+        self._coef = _nonnegative_lstsq(xw, np.ones_like(y)) / scale
+        recent = list(self._with_slices)[-_MARGIN_TICKS:]
+        if len(recent) >= _MARGIN_MIN_SAMPLES:
+            fitted = np.array([f for f, _ in recent]) @ self._coef
+            ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
+            self._margin = float(np.quantile(ratios, _MARGIN_QUANTILE))
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # argmin |a x - b| with every x >= 0 (Lawson and Hanson's active-set NNLS).
+    num = a.shape[1]
+    passive, x = np.zeros(num, dtype=bool), np.zeros(num)
+    for _ in range(3 * num):
+        gradient = a.T @ (b - a @ x)
+        if passive.all() or gradient[~passive].max() <= 1e-12:
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, gradient)))] = True
+        z = np.zeros(num)
+        while passive.any():
+            z = np.zeros(num)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if z[passive].min() > 0:
+                break
+            # Step back to where the first coefficient reaches zero, and free it.
+            bad = passive & (z <= 0)
+            gap = x[bad] - z[bad]
+            step = np.min(np.where(gap > 0, x[bad] / np.where(gap > 0, gap, 1.0), 0.0))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+        x = np.where(passive, z, 0.0)
+    return x

@@ -1,8 +1,8 @@
 """The engine: one thread owns MLX and runs the scheduler's ticks over the model.
 
 Each tick: drain the inbox (submit, abort) -> decide (the scheduler core asks `decide_tick`) ->
-execute the plan (prefill chunks, one batched decode step) -> apply the outcome through the
-lifecycle triggers -> publish tokens, metrics and the trace.
+execute the plan (one forward over its decode rows and prefill slices) -> apply the outcome
+through the lifecycle triggers -> publish tokens, metrics and the trace.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import mlx.core as mx
 
 from runtime.admission import Admission
 from runtime.api import EngineDead, GenerationRequest, Sink
-from runtime.budget import CostModel
-from runtime.executor import Executor
+from runtime.budget import CostModel, SliceShape, TickShape
+from runtime.executor import Executor, SliceWork
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
 from runtime.requests import LiveRequest, kv_tokens
@@ -71,6 +71,7 @@ class Engine:
                                    clock=time.time)
         self.executor = Executor(self.bundle)
         self.costs = CostModel()
+        self._target_s: float | None = None  # the latency target this tick's slice is sized for
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
@@ -198,10 +199,12 @@ class Engine:
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
         start = time.perf_counter()
+        self._target_s = None
         budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
             plan = self.scheduler.schedule(budget)
         self._note_admissions(time.monotonic())
+        shape = self._shape(plan)
         executing = time.perf_counter()
         finished = self._execute(plan)
         applying = time.perf_counter()
@@ -211,44 +214,43 @@ class Engine:
             self._retire(seq_id, None)
         self._record(plan)
         end = time.perf_counter()
+        self.costs.observe(shape, end - start, self._target_s)
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
     def _budget_tokens(self, state: TickState) -> int:
-        # Prefill tokens that fit this tick's target next to the decode step (0: none, or
+        # Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
         # nothing measured yet; the policy's min slice then applies).
         chunk = self.config.prefill_chunk_size
-        if not state.num_decoding or not state.parked:
-            return chunk
-        decode_s = self.costs.decode_s(state.num_decoding)
         expr = self.policy.spec.tick_budget_ms
-        if decode_s is None or expr is None:
+        if not state.num_decoding or not state.parked or expr is None:
+            return chunk
+        rows = self.executor.decode_contexts()
+        decode_s = self.costs.predict_s(TickShape(tuple(rows)))
+        if decode_s is None:
             return 0
-        target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
-        context = max(self.executor.num_tokens(p.seq_id) for p in state.parked)
-        return self.costs.prefill_tokens_within(target_s - decode_s, context, chunk)
+        self._target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        context = max(self.executor.num_cached(p.seq_id) for p in state.parked)
+        return self.costs.slice_tokens_within(self._target_s, rows, context, chunk)
+
+    def _shape(self, plan: TickPlan) -> TickShape:
+        cached = self.executor.num_cached
+        return TickShape(tuple(cached(s) for s in plan.decode if s in self.executor),
+                         tuple(SliceShape(w.num_tokens, cached(w.seq_id))
+                               for w in plan.prefills if w.seq_id in self.executor))
 
     def _execute(self, plan: TickPlan) -> list[int]:
-        # A failure in one request's work fails that request only; a failed batched decode
-        # fails the sequences in that batch. The engine thread carries on.
-        tokens: dict[int, int] = {}
-        for work in plan.prefills:
-            try:
-                token = self._prefill(work.seq_id, work.num_tokens)
-            except Exception as exc:  # noqa: BLE001
-                self._fail(work.seq_id, exc)
-                continue
-            if token is not None:
-                tokens[work.seq_id] = token
+        # The tick is one executor call. If it fails, the executor has left every sequence as
+        # it was and the pieces run again apart: a fault in one request's work fails that
+        # request only, a fault in the decode step fails the decode batch.
+        prefills = [w for w in plan.prefills if w.seq_id in self._live]
         decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
-        if decode:
-            tic = time.perf_counter()
-            try:
-                tokens.update(self.executor.decode(decode))
-            except Exception as exc:  # noqa: BLE001
-                for seq_id in decode:
-                    self._fail(seq_id, exc)
-            self.costs.observe_decode(len(decode), time.perf_counter() - tic)
+        try:
+            tokens = self.executor.run(prefills, decode)
+        except Exception as exc:  # noqa: BLE001
+            tokens = self._run_apart(prefills, decode, exc)
+        self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
+                                           if w.seq_id in self._live))
         now, finished = time.monotonic(), []
         for seq_id, token in tokens.items():
             try:
@@ -258,13 +260,22 @@ class Engine:
                 self._fail(seq_id, exc)
         return finished
 
-    def _prefill(self, seq_id: int, num_tokens: int) -> int | None:
-        context = self.executor.num_tokens(seq_id)
-        tic = time.perf_counter()
-        token = self.executor.prefill(seq_id, num_tokens)
-        self.costs.observe_prefill(num_tokens, context, time.perf_counter() - tic)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        return token
+    def _run_apart(self, prefills: list[SliceWork], decode: list[int],
+                   exc: Exception) -> dict[int, int]:
+        pieces = [([w], []) for w in prefills] + ([([], decode)] if decode else [])
+        tokens: dict[int, int] = {}
+        for slices, rows in pieces:
+            error: Exception | None = exc
+            if len(pieces) > 1:  # else the tick was this one piece, and it failed already
+                try:
+                    tokens.update(self.executor.run(slices, rows))
+                    error = None
+                except Exception as piece_exc:  # noqa: BLE001
+                    error = piece_exc
+            if error is not None:
+                for seq_id in [w.seq_id for w in slices] + rows:
+                    self._fail(seq_id, error)
+        return tokens
 
     def _fail(self, seq_id: int, exc: BaseException) -> None:
         log.error("request failed in the engine: %r", exc, exc_info=exc)

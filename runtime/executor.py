@@ -1,63 +1,96 @@
-"""The MLX execution layer: KV caches, chunked prefill and batched decode. No scheduling here.
+"""The MLX execution layer: KV caches and one forward pass per tick. No scheduling here.
 
-Each sequence prefills into its own mlx-lm `KVCache`, one chunk per `prefill` call. When it
-first decodes, its cache is merged into the decode batch's `BatchKVCache` (left padded, with a
-mask, as mlx-lm's `BatchGenerator` does); sequences that leave the batch are filtered out of
-it, or extracted back into their own cache when they are alive but not stepped. Joining and
-leaving therefore cost one copy of the batch cache; a decode step with an unchanged batch costs
-none.
+`run(prefills, decode)` runs a whole tick as one forward over a ragged batch (runtime/fused.py):
+one decode step for every listed decoding sequence and the next prompt slice of every listed
+prefilling one. Each sequence prefills into its own mlx-lm `KVCache`; when it first decodes, its
+cache joins the decode batch (runtime/decode_batch.py).
 
 Decode is pipelined the way mlx-lm's generation loop is: while every live sequence is in the
-batch, `decode` queues the next step (`mx.async_eval`) before it reads this step's tokens, so
-the next graph's building and the caller's work between ticks overlap the model's compute. The
-next call takes the queued tokens if it steps the same batch (less released sequences); any
-other batch undoes the queued step (caches trimmed by one token, PRNG keys rewound).
+batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads this step's
+tokens. The next tick takes the queued tokens if it steps the same batch (less released
+sequences), with or without prompt slices; any other batch undoes the queued step (caches
+trimmed by one token, PRNG keys rewound).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
+from runtime.decode_batch import DecodeBatch
+from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.model import ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
 
+log = logging.getLogger("fairtick.executor")
+
+
+class SliceWork(Protocol):
+    """A prefill slice for `run`: the next `num_tokens` prompt tokens of `seq_id`. The
+    scheduler's plan hands its own records (`PrefillWork`); `Slice` is one for other callers."""
+
+    @property
+    def seq_id(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A SliceWork made by hand."""
+
+    seq_id: int
+    num_tokens: int
+
 
 class _Sequence:
-    __slots__ = ("prompt", "num_prefilled", "sampler", "cache", "last_token", "num_generated")
+    __slots__ = ("seq_id", "prompt", "tokens", "num_prefilled", "num_cached", "sampler", "cache",
+                 "generated")
 
-    def __init__(self, prompt: list[int], sampler: SequenceSampler, cache: list[Any]) -> None:
+    def __init__(self, seq_id: int, prompt: list[int], sampler: SequenceSampler,
+                 cache: list[Any]) -> None:
+        self.seq_id = seq_id
         self.prompt = prompt
-        self.num_prefilled = 0
+        self.tokens = prompt  # what prefill runs: the prompt, or after `evict` prompt + output
+        self.num_prefilled = 0  # of `tokens`
+        self.num_cached = 0  # tokens whose keys and values are in the cache
         self.sampler = sampler
         self.cache: list[Any] | None = cache  # None while its rows live in the decode batch
-        self.last_token: int | None = None  # the latest sampled token, not yet in the cache
-        self.num_generated = 0
+        self.generated: list[int] = []  # the latest is not in the cache yet
+
+    @property
+    def can_decode(self) -> bool:
+        return self.num_prefilled == len(self.tokens)
 
 
 class Executor:
     """Owns the model's MLX state for every live sequence; runs what the scheduler decides.
 
-    Not thread-safe: one engine thread calls it.
+    With `fuse` (the default) a tick is one forward where the architecture allows it
+    (`runtime.fused.can_fuse`), else one forward per prefill slice plus one for the decode
+    batch; `fused` says which. Not thread-safe: one engine thread calls it.
     """
 
-    def __init__(self, bundle: ModelBundle) -> None:
+    def __init__(self, bundle: ModelBundle, fuse: bool = True) -> None:
         self.bundle = bundle
         self.model = bundle.model
+        self.fused = fuse and can_fuse(self.model)
+        self._forward = forward_fused if self.fused else forward_apart
+        log.info("executor: %s", "one forward per tick" if self.fused else
+                 f"one forward per prefill slice and decode batch ({type(self.model).__module__}"
+                 " is not fused)")
         self._seqs: dict[int, _Sequence] = {}
-        # Row i of every layer's BatchKVCache belongs to _batch_ids[i]; None marks a released
-        # sequence whose row is dropped at the next decode.
-        self._batch_ids: list[int | None] = []
-        self._batch_cache: list[BatchKVCache] | None = None
-        # Tokens of a step already queued on the batch (its rows, its caches advanced) that no
-        # `decode` has returned yet; None when the batch is not ahead.
-        self._ahead: mx.array | None = None
+        self._batch = DecodeBatch(self._seqs)
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams) -> None:
-        """Register a sequence; its prompt runs through `prefill`."""
+        """Register a sequence; its prompt runs through `run`'s prefill slices."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
@@ -69,7 +102,7 @@ class Executor:
             )
         sampler = SequenceSampler(sampling.validate(), self.bundle.eos_token_ids)
         cache = make_prompt_cache(self.model)
-        self._seqs[seq_id] = _Sequence([int(t) for t in prompt_tokens], sampler, cache)
+        self._seqs[seq_id] = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -79,99 +112,66 @@ class Executor:
         return len(self._seqs)
 
     def prompt_left(self, seq_id: int) -> int:
-        """Prompt tokens not yet prefilled."""
+        """Prompt tokens not yet prefilled (after `evict`: the tokens to prefill again)."""
         seq = self._get(seq_id)
-        return len(seq.prompt) - seq.num_prefilled
+        return len(seq.tokens) - seq.num_prefilled
 
-    def num_tokens(self, seq_id: int) -> int:
-        """Tokens in the sequence so far: prefilled prompt plus generated."""
-        seq = self._get(seq_id)
-        return seq.num_prefilled + seq.num_generated
+    def num_cached(self, seq_id: int) -> int:
+        """Tokens of the sequence in its KV cache: the context its next forward attends to."""
+        return self._get(seq_id).num_cached
+
+    def decode_contexts(self) -> list[int]:
+        """`num_cached` of every sequence that has finished its prompt (may decode)."""
+        return [s.num_cached for s in self._seqs.values() if s.can_decode]
 
     def prefill(self, seq_id: int, num_tokens: int) -> int | None:
-        """Run the next `num_tokens` prompt tokens (fewer if fewer are left) into the sequence's
-        cache; return its first generated token once the whole prompt has run, else None."""
-        seq = self._get(seq_id)
-        left = len(seq.prompt) - seq.num_prefilled
-        if left == 0:
-            raise ValueError(f"sequence {seq_id} has no prompt left to prefill")
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        assert seq.cache is not None
-        start, end = seq.num_prefilled, seq.num_prefilled + min(num_tokens, left)
-        logits = self.model(mx.array(seq.prompt[start:end])[None], cache=seq.cache)
-        seq.num_prefilled = end
-        if end < len(seq.prompt):
-            # Only the caches are needed: MLX then skips the last layer's output and lm_head.
-            mx.eval([c.state for c in seq.cache])
-            return None
-        token = seq.sampler.sample(logits[:, -1, :], 0)
-        mx.eval(token, [c.state for c in seq.cache])
-        seq.last_token = token.item()
-        seq.num_generated = 1
-        return seq.last_token
+        """`run` with one prefill slice: the sequence's first token once its prompt is done."""
+        return self.run([Slice(seq_id, num_tokens)], []).get(seq_id)
 
     def decode(self, seq_ids: Sequence[int]) -> dict[int, int]:
-        """One batched forward step for the listed decoding sequences; their next tokens."""
-        ids = list(seq_ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"duplicate sequence ids in {ids}")
-        for seq_id in ids:
-            if self._get(seq_id).last_token is None:
-                raise ValueError(f"sequence {seq_id} has not finished its prefill")
-        if self._ahead is not None and set(ids) != {i for i in self._batch_ids if i is not None}:
-            self._rewind()
-        self._regroup(ids)
-        if not ids:
-            return {}
-        seqs = [self._seqs[seq_id] for seq_id in self._batch_ids if seq_id is not None]
-        tokens = self._ahead
-        if tokens is None:
-            tokens = self._step(seqs, mx.array([s.last_token for s in seqs]), ahead=0)
-        self._ahead = None
-        if self._can_run_ahead(seqs):
-            self._ahead = self._step(seqs, tokens, ahead=1)
-            mx.async_eval(self._ahead)
-        out: dict[int, int] = {}
-        for seq_id, seq, token in zip(self._batch_ids, seqs, tokens.tolist(), strict=True):
-            assert seq_id is not None
-            seq.last_token = token
-            seq.num_generated += 1
-            out[seq_id] = token
-        return out
+        """`run` with one decode step for `seq_ids` and no prefill."""
+        return self.run([], seq_ids)
 
-    def _step(self, seqs: list[_Sequence], inputs: mx.array, ahead: int) -> mx.array:
-        # Lazy tokens of one forward over the batch; `ahead` steps past what was returned.
-        assert self._batch_cache is not None
-        logits = self.model(inputs[:, None], cache=self._batch_cache)[:, -1, :]
-        steps = [s.num_generated + ahead for s in seqs]
-        return sample_batch(logits, [s.sampler for s in seqs], steps)
+    def run(self, prefills: Sequence[SliceWork], decode: Sequence[int]) -> dict[int, int]:
+        """One tick: the next `num_tokens` prompt tokens of each prefill (fewer if fewer are
+        left) and one decode step for each sequence in `decode`, as one forward. Returns the
+        next token of every decoded sequence and of every sequence whose prompt this tick
+        finished. If it raises, every sequence is left as it was (caches, samplers), so the
+        caller may run the pieces again apart to find the one that fails."""
+        slices = self._check(prefills, decode)
+        batch, ahead = self._batch_for(list(decode))
+        segments = [] if ahead is not None or not batch else [self._decode_segment(batch)]
+        segments += [self._slice_segment(seq, n) for seq, n in slices]
+        touched = [s.cache for s in segments]
+        if ahead is not None:
+            assert self._batch.cache is not None
+            touched.append(self._batch.cache)  # it holds the queued step a failure keeps
+        with self._undo_on_error(touched, batch + [seq for seq, _ in slices], ahead):
+            tokens, firsts = self._sample(batch, ahead, slices, segments)
+            if tokens is not None and not slices and self._can_run_ahead(batch):
+                logits = self._forward(self.model, [self._decode_segment(batch, tokens)])
+                self._batch.ahead = self._sample_rows(batch, logits, ahead=1)
+                mx.async_eval(self._batch.ahead)
+            mx.eval(firsts, [[c.state for c in seq.cache or ()] for seq, _ in slices])
+            decoded = tokens.tolist() if tokens is not None else []
+        return self._commit(batch, decoded, slices, [int(t.item()) for t in firsts])
 
-    def _can_run_ahead(self, seqs: list[_Sequence]) -> bool:
-        # Not while a sequence outside the batch may need the next tick (its work would queue
-        # behind this step, or it joins and the step is undone), nor past every max_tokens.
-        return len(seqs) == len(self._seqs) and any(
-            s.num_generated + 1 < s.sampler.params.max_tokens for s in seqs
-        )
-
-    def _rewind(self) -> None:
-        # Undo the queued step: its token leaves every row's cache, its PRNG split is undone.
-        assert self._batch_cache is not None
-        for c in self._batch_cache:
-            c.trim(1)
-        for seq_id in self._batch_ids:
-            if seq_id is not None:
-                self._seqs[seq_id].sampler.rewind()
-        self._ahead = None
+    def evict(self, seq_id: int) -> None:
+        """Drop the sequence's KV cache: its tokens so far (prompt and generated) become the
+        prompt that prefill runs again; its sampler carries on where it was."""
+        seq = self._get(seq_id)
+        if self._batch.ahead is not None:
+            self._batch.rewind()
+        self._batch.drop(seq_id)
+        seq.tokens = seq.prompt + seq.generated
+        seq.num_prefilled = seq.num_cached = 0
+        seq.cache = make_prompt_cache(self.model)
 
     def release(self, seq_id: int) -> None:
         """Free the sequence's cache (its batch row is dropped at the next decode)."""
         self._get(seq_id)
         del self._seqs[seq_id]
-        if seq_id in self._batch_ids:
-            self._batch_ids[self._batch_ids.index(seq_id)] = None
-            if all(i is None for i in self._batch_ids):
-                self._batch_ids, self._batch_cache, self._ahead = [], None, None
+        self._batch.drop(seq_id)
         if not self._seqs:
             mx.synchronize()  # a queued step's buffers must be freed before the cache is
             mx.clear_cache()
@@ -182,37 +182,111 @@ class Executor:
         except KeyError:
             raise KeyError(f"unknown sequence {seq_id}") from None
 
-    def _regroup(self, ids: list[int]) -> None:
-        # Make the batch hold exactly `ids`: drop released rows, park the others, merge newcomers.
-        wanted = set(ids)
-        keep = [i for i, seq_id in enumerate(self._batch_ids) if seq_id in wanted]
-        if len(keep) < len(self._batch_ids):
-            assert self._batch_cache is not None
-            for i, seq_id in enumerate(self._batch_ids):
-                if seq_id is not None and seq_id not in wanted:
-                    self._seqs[seq_id].cache = [c.extract(i) for c in self._batch_cache]
-            if keep:
-                for c in self._batch_cache:
-                    c.filter(keep)
-                if self._ahead is not None:
-                    self._ahead = self._ahead[mx.array(keep)]
-            else:
-                self._batch_cache = None
-            self._batch_ids = [self._batch_ids[i] for i in keep]
-        present = set(self._batch_ids)
-        joining = [seq_id for seq_id in ids if seq_id not in present]
-        if not joining:
-            return
-        caches = []
-        for seq_id in joining:
-            seq = self._seqs[seq_id]
-            assert seq.cache is not None
-            caches.append(seq.cache)
-            seq.cache = None
-        merged = [BatchKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
-        if self._batch_cache is None:
-            self._batch_cache = merged
-        else:
-            for batch, new in zip(self._batch_cache, merged, strict=True):
-                batch.extend(new)
-        self._batch_ids.extend(joining)
+    # -- one tick ----------------------------------------------------------------------------
+    def _check(self, prefills: Sequence[SliceWork],
+               decode: Sequence[int]) -> list[tuple[_Sequence, int]]:
+        ids = [w.seq_id for w in prefills] + list(decode)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate sequence ids in one tick: {ids}")
+        for seq_id in decode:
+            if not self._get(seq_id).can_decode:
+                raise ValueError(f"sequence {seq_id} has not finished its prefill")
+        slices = []
+        for work in prefills:
+            seq = self._get(work.seq_id)
+            left = len(seq.tokens) - seq.num_prefilled
+            if left == 0:
+                raise ValueError(f"sequence {work.seq_id} has no prompt left to prefill")
+            if work.num_tokens < 1:
+                raise ValueError(f"num_tokens must be >= 1, got {work.num_tokens}")
+            slices.append((seq, min(work.num_tokens, left)))
+        return slices
+
+    def _batch_for(self, ids: list[int]) -> tuple[list[_Sequence], mx.array | None]:
+        # The batch made to hold `ids`, and the tokens of the step it has queued for them.
+        if self._batch.ahead is not None and set(ids) != set(self._batch.live_ids):
+            self._batch.rewind()
+        if not ids:
+            return [], None
+        self._batch.regroup(ids)
+        ahead, self._batch.ahead = self._batch.ahead, None
+        return [self._seqs[i] for i in self._batch.live_ids], ahead
+
+    def _decode_segment(self, batch: list[_Sequence], inputs: mx.array | None = None) -> Segment:
+        assert self._batch.cache is not None
+        if inputs is None:
+            inputs = mx.array([s.generated[-1] for s in batch])
+        return Segment(inputs[:, None], self._batch.cache, logits=True)
+
+    def _slice_segment(self, seq: _Sequence, num_tokens: int) -> Segment:
+        assert seq.cache is not None
+        end = seq.num_prefilled + num_tokens
+        # Only a slice that ends the prompt needs logits; the others only fill the cache.
+        return Segment(mx.array(seq.tokens[seq.num_prefilled:end])[None], seq.cache,
+                       logits=end == len(seq.tokens))
+
+    def _sample(self, batch: list[_Sequence], ahead: mx.array | None,
+                slices: list[tuple[_Sequence, int]],
+                segments: list[Segment]) -> tuple[mx.array | None, list[mx.array]]:
+        # Lazy tokens of the decode rows (the queued ones, if any) and of each ended prompt.
+        logits = self._forward(self.model, segments) if segments else None
+        tokens, row = ahead, 0
+        if tokens is None and batch:
+            tokens, row = self._sample_rows(batch, logits, ahead=0), len(batch)
+        firsts = []
+        for (seq, _), segment in zip(slices, segments[len(segments) - len(slices):],
+                                     strict=True):
+            if segment.logits:
+                assert logits is not None
+                firsts.append(seq.sampler.sample(logits[row: row + 1], len(seq.generated)))
+                row += 1
+        return tokens, firsts
+
+    def _sample_rows(self, batch: list[_Sequence], logits: mx.array | None,
+                     ahead: int) -> mx.array:
+        # The decode rows' tokens from the first len(batch) rows of `logits`; `ahead` steps past
+        # what was returned.
+        assert logits is not None
+        steps = [len(s.generated) + ahead for s in batch]
+        return sample_batch(logits[: len(batch)], [s.sampler for s in batch], steps)
+
+    def _can_run_ahead(self, batch: list[_Sequence]) -> bool:
+        # Not while a sequence outside the batch may need the next tick (its work would queue
+        # behind this step), nor past every max_tokens.
+        return len(batch) == len(self._seqs) and any(
+            len(s.generated) + 1 < s.sampler.params.max_tokens for s in batch
+        )
+
+    @contextmanager
+    def _undo_on_error(self, caches: list[list[Any]], seqs: list[_Sequence],
+                       ahead: mx.array | None) -> Iterator[None]:
+        # Cache states and PRNG keys as they were; a failed tick puts them back (positions past
+        # a restored offset are garbage that the next update overwrites).
+        cache_states = [[c.state for c in cache] for cache in caches]
+        keys = [s.sampler.state for s in seqs]
+        try:
+            yield
+        except BaseException:
+            for cache, states in zip(caches, cache_states, strict=True):
+                for c, state in zip(cache, states, strict=True):
+                    c.state = state
+            for seq, key in zip(seqs, keys, strict=True):
+                seq.sampler.state = key
+            self._batch.ahead = ahead  # still valid: the batch's caches hold its step again
+            raise
+
+    def _commit(self, batch: list[_Sequence], decoded: list[int],
+                slices: list[tuple[_Sequence, int]], firsts: list[int]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for seq, token in zip(batch, decoded, strict=True):
+            seq.generated.append(token)
+            seq.num_cached += 1
+            out[seq.seq_id] = token
+        ended = iter(firsts)
+        for seq, num_tokens in slices:
+            seq.num_prefilled += num_tokens
+            seq.num_cached += num_tokens
+            if seq.can_decode:
+                seq.generated.append(next(ended))
+                out[seq.seq_id] = seq.generated[-1]
+        return out

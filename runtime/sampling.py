@@ -91,6 +91,15 @@ class SequenceSampler:
         """Undo the latest `sample`'s use of the key (its token was thrown away)."""
         self._key = self._prev_key
 
+    @property
+    def state(self) -> tuple[mx.array, mx.array]:
+        """The PRNG keys (current, before the latest split); set it to go back to them."""
+        return self._key, self._prev_key
+
+    @state.setter
+    def state(self, keys: tuple[mx.array, mx.array]) -> None:
+        self._key, self._prev_key = keys
+
     def sample(self, logits: mx.array, step: int) -> mx.array:
         """One token id (shape (1,)) from `logits` of shape (1, vocab)."""
         if self.blocks_eos(step):

@@ -1,42 +1,185 @@
-"""The online cost model that sizes token-budget slices."""
+"""The online tick cost model, against synthetic machines whose true costs the test defines.
+
+Each machine below is a cost function of what a tick runs, plus seeded multiplicative noise.
+The expectations come from that physics (the true cost, the true largest slice that fits), never
+from the model's own formulas: the model must predict within a tolerance, size slices that fit,
+shrink them as the context grows, and keep the share of ticks over target small.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
 
 import pytest
 
-from runtime.budget import CostModel
+from runtime.budget import CostModel, SliceShape, TickShape
+
+Machine = Callable[[TickShape], float]
 
 
-def test_nothing_measured_means_no_budget():
+def machine(fixed: float = 0.004, per_slice: float = 0.002, per_row: float = 0.0006,
+            per_token: float = 0.0003, attention: float = 4e-8) -> Machine:
+    """A tick's true seconds. Attention is per (query, key) pair: a decode row attends its own
+    context; a slice token at position p attends p + 1 keys."""
+    def seconds(shape: TickShape) -> float:
+        rows = len(shape.decode_contexts)
+        pairs = sum(shape.decode_contexts) + sum(
+            sum(s.context + i + 1 for i in range(s.num_tokens)) for s in shape.slices)
+        tokens = sum(s.num_tokens for s in shape.slices)
+        return (fixed + per_slice * len(shape.slices) + per_row * rows + per_token * tokens
+                + attention * pairs)
+    return seconds
+
+
+def noisy(truth: Machine, rng: random.Random, spread: float) -> Machine:
+    return lambda shape: truth(shape) * (1 + rng.uniform(-spread, spread))
+
+
+def random_tick(rng: random.Random) -> TickShape:
+    rows = tuple(rng.randrange(0, 6000) for _ in range(rng.choice([0, 1, 4, 8, 16])))
+    slices = tuple(SliceShape(rng.choice([1, 8, 32, 64, 128, 256, 512]), rng.randrange(0, 8000))
+                   for _ in range(rng.choice([0, 1, 1, 2])))
+    return TickShape(rows, slices) if rows or slices else TickShape((100,))
+
+
+def trained(truth: Machine, ticks: int = 300, seed: int = 0, spread: float = 0.1) -> CostModel:
+    """A model that has seen random ticks, each within a target 25% above what it took."""
+    rng = random.Random(seed)
+    model, measure = CostModel(), noisy(truth, rng, spread)
+    for _ in range(ticks):
+        shape = random_tick(rng)
+        seconds = measure(shape)
+        model.observe(shape, seconds, target_s=seconds * 1.25)
+    return model
+
+
+def largest_fitting(truth: Machine, rows: tuple[int, ...], context: int, target_s: float,
+                    most: int = 512) -> int:
+    fits = [t for t in range(1, most + 1)
+            if truth(TickShape(rows, (SliceShape(t, context),))) <= target_s]
+    return max(fits, default=0)
+
+
+def test_nothing_measured_means_no_prediction_and_no_slice():
     model = CostModel()
-    assert model.decode_s(4) is None
-    assert model.prefill_tokens_within(0.01, context=0, most=512) == 0
+    assert model.predict_s(TickShape((10, 20))) is None
+    assert model.slice_tokens_within(0.05, [10, 20], context=0, most=512) == 0
 
 
-def test_learns_fixed_per_token_and_context_costs():
+def test_predictions_fall_within_the_noise_of_ticks_never_seen():
+    truth = machine()
+    model = trained(truth)
+    rng = random.Random(99)
+    errors = []
+    for _ in range(200):
+        shape = random_tick(rng)
+        errors.append(abs(model.predict_s(shape) / truth(shape) - 1))
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.05  # median, with measurements +-10% noisy
+    assert errors[int(len(errors) * 0.95)] < 0.15
+
+
+@pytest.mark.parametrize("rows", [(), (500,) * 4, (4000,) * 16], ids=["none", "4", "16"])
+def test_the_slice_fits_the_target_and_fills_most_of_it(rows):
+    truth = machine()
+    model = trained(truth)
+    for context in (0, 2000, 8000):
+        target = truth(TickShape(rows)) * 2.5
+        best = largest_fitting(truth, rows, context, target)
+        got = model.slice_tokens_within(target, rows, context, most=512)
+        assert truth(TickShape(rows, (SliceShape(got, context),))) <= target * 1.1
+        assert got >= 0.6 * best, f"context {context}: {got} tokens, {best} would fit"
+
+
+def test_slices_shrink_as_context_grows_and_grow_with_the_target():
+    model = trained(machine())
+    rows = (1000,) * 4
+    by_context = [model.slice_tokens_within(0.08, rows, c, most=512)
+                  for c in (0, 1000, 4000, 8000, 16000)]
+    assert by_context == sorted(by_context, reverse=True) and by_context[0] > by_context[-1]
+    by_target = [model.slice_tokens_within(t, rows, 2000, most=512) for t in (0.03, 0.06, 0.12)]
+    assert by_target == sorted(by_target) and by_target[0] < by_target[-1]
+    assert model.slice_tokens_within(100.0, rows, 0, most=300) == 300
+
+
+def test_a_slice_is_never_far_past_the_largest_that_met_its_target():
+    # Slices up to 16 tokens met their targets; two of 32 overshot (the slow start is over).
+    # However large the target, the model may not promise more than twice 16 tokens.
+    truth, rng, rows = machine(), random.Random(3), (800,) * 4
     model = CostModel()
-    o, a, b = 0.001, 0.0005, 2e-7  # the machine's true costs
-    for tokens, context in [(16, 0), (64, 100), (32, 900), (128, 2000), (16, 4000), (48, 6000)]:
-        model.observe_prefill(tokens, context, o + a * tokens + b * tokens * context)
-    assert model.prefill_s(100, 3000) == pytest.approx(o + a * 100 + b * 100 * 3000, rel=1e-6)
-    # The slice that fits 10 ms shrinks as the context grows.
-    near = model.prefill_tokens_within(0.010, context=0, most=512)
-    far = model.prefill_tokens_within(0.010, context=8000, most=512)
-    assert near == int((0.010 - o) / a) and 0 < far < near
-    assert model.prefill_tokens_within(10.0, context=0, most=512) == 512
+    for _ in range(100):
+        shape = TickShape(rows, (SliceShape(rng.choice([4, 8, 16]), 100),))
+        model.observe(shape, truth(shape), target_s=1.0)
+        model.observe(TickShape(rows), truth(TickShape(rows)))
+    for _ in range(2):
+        shape = TickShape(rows, (SliceShape(32, 100),))
+        model.observe(shape, truth(shape), target_s=truth(shape) / 2)
+    assert model.slice_tokens_within(100.0, rows, 100, most=512) == 32
 
 
-def test_decode_cost_is_a_moving_average_per_batch_size():
-    model = CostModel()
-    model.observe_decode(4, 0.004)
-    model.observe_decode(4, 0.009)
-    assert 0.004 < model.decode_s(4) < 0.009
-    assert model.decode_s(3) == model.decode_s(4)  # the nearest measured size stands in
+def closed_loop(truth: Machine, ticks: int, seed: int, spread: float,
+                rows: tuple[int, ...] = (2000,) * 8, factor: float = 2.5,
+                ) -> tuple[list[int], list[float]]:
+    """Ticks as the engine runs them: size the slice for factor x the predicted decode step,
+    run it on the noisy machine, learn. Returns each tick's slice and measured/target."""
+    rng = random.Random(seed)
+    model, measure = CostModel(), noisy(truth, rng, spread)
+    for _ in range(20):  # the streams decode before the prompt arrives
+        model.observe(TickShape(rows), measure(TickShape(rows)))
+    context, slices, over = 0, [], []
+    for _ in range(ticks):
+        target = model.predict_s(TickShape(rows)) * factor
+        tokens = max(1, model.slice_tokens_within(target, rows, context, most=512))
+        shape = TickShape(rows, (SliceShape(tokens, context),))
+        seconds = measure(shape)
+        model.observe(shape, seconds, target_s=target)
+        slices.append(tokens)
+        over.append(seconds / target)
+        context += tokens
+    return slices, over
 
 
-def test_whole_chunks_alone_do_not_fake_a_fixed_cost():
-    # Only 512-token chunks at growing context: no way to separate a per-forward cost, so the
-    # model must not invent one and then promise huge slices.
-    model = CostModel()
-    for context in range(0, 5120, 512):
-        model.observe_prefill(512, context, 512 * (0.0006 + 6e-7 * context))
-    assert model.prefill_tokens_within(0.010, context=2000, most=512) == int(
-        0.010 / (0.0006 + 6e-7 * 2000))
+@pytest.mark.parametrize("seed", range(4))
+def test_from_cold_the_slices_ramp_up_and_ticks_stay_near_the_target(seed):
+    truth = machine()
+    slices, over = closed_loop(truth, ticks=150, seed=seed, spread=0.1)
+    rows = (2000,) * 8
+    target = truth(TickShape(rows)) * 2.5
+    # Few-token slices cost less than the noise: the slow start must not stall on them.
+    assert max(slices[:6]) >= 0.5 * largest_fitting(truth, rows, 0, target), slices[:6]
+    late = over[20:]
+    assert sum(r > 1.0 for r in late) / len(late) <= 0.2  # the 0.9-quantile margin
+    assert max(late) <= 1.3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_from_cold_on_a_noisy_machine_the_slices_still_ramp_up(seed):
+    # +-30% noise: a few-token slice's cost is lost in it, so the model alone would stall.
+    truth, rows = machine(), (2000,) * 8
+    slices, _ = closed_loop(truth, ticks=12, seed=seed, spread=0.3)
+    target = truth(TickShape(rows)) * 2.5
+    assert max(slices[:6]) >= 0.5 * largest_fitting(truth, rows, 0, target), slices[:6]
+
+
+def test_the_model_follows_a_machine_that_slows_down():
+    fast, slow = machine(), machine(fixed=0.008, per_row=0.0012, per_token=0.0006,
+                                     attention=8e-8)
+    model = trained(fast)
+    rng = random.Random(7)
+    for _ in range(300):
+        shape = random_tick(rng)
+        model.observe(shape, slow(shape))
+    shape = TickShape((3000,) * 8, (SliceShape(64, 3000),))
+    assert model.predict_s(shape) == pytest.approx(slow(shape), rel=0.1)
+
+
+def test_records_hold_the_prediction_made_before_each_tick():
+    truth = machine()
+    model = trained(truth, ticks=50)
+    shape = TickShape((100,) * 4, (SliceShape(32, 500),))
+    before = model.predict_s(shape)
+    model.observe(shape, truth(shape), target_s=0.05)
+    record = model.records[-1]
+    assert record.predicted_s == before and record.measured_s == truth(shape)
+    assert record.target_s == 0.05 and record.shape == shape

@@ -216,14 +216,14 @@ def test_trace_holds_only_declared_transitions(bundle):
 def test_a_fault_in_one_request_fails_only_that_request(bundle):
     engine, got = make_engine(bundle, "mixed_step"), Collector()
     poisoned = prompt(40, 5)
-    real_prefill = engine.executor.prefill
+    real_run = engine.executor.run
 
-    def prefill(seq_id: int, num_tokens: int) -> int | None:  # fault injection, one request
-        if engine.executor.prompt_left(seq_id) == len(poisoned):
+    def run(prefills, decode):  # fault injection: a tick with the poisoned prompt's prefill
+        if any(engine.executor.prompt_left(w.seq_id) == len(poisoned) for w in prefills):
             raise RuntimeError("injected fault")
-        return real_prefill(seq_id, num_tokens)
+        return real_run(prefills, decode)
 
-    engine.executor.prefill = prefill
+    engine.executor.run = run
     try:
         submit(engine, got, "ok1", prompt(10, 1), max_tokens=30)
         submit(engine, got, "bad", poisoned, max_tokens=30)

@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
+from mlx_lm.models import llama, qwen2, qwen3
 
-from runtime.executor import Executor
-from runtime.model import ModelBundle
-from runtime.sampling import SamplingParams
+from runtime import executor as executor_module
+from runtime.executor import Executor, Slice
+from runtime.model import BUILTIN_CONFIG, ModelBundle
+from runtime.sampling import SamplingParams, SequenceSampler
 
 CHUNK = 16
 EOS = 257
+
+
+def random_bundle(module: Any, **config: Any) -> ModelBundle:
+    """An mlx-lm model with seeded random weights. Unlike the built-in model, whose output layer
+    is biased so hard that its tokens barely depend on the context, its greedy tokens change
+    with any change in the attended keys, so a wrong position or a stale cache shows."""
+    args = {**BUILTIN_CONFIG, **config}
+    mx.random.seed(11)
+    model = module.Model(module.ModelArgs.from_dict(args))
+    mx.eval(model.parameters())
+    return ModelBundle(model, None, Path("."), f"random-{args['model_type']}", 4096,
+                       frozenset(), None)
+
+
+@pytest.fixture(scope="module")
+def llama_bundle() -> ModelBundle:
+    return random_bundle(llama)
+
+
+# qwen2: q/k/v biases, fused; qwen3: q/k norms, which the fused loop does not implement.
+OTHER_MODELS = {"qwen2": (qwen2, {"model_type": "qwen2"}),
+                "qwen3": (qwen3, {"model_type": "qwen3", "rope_theta": 1e6})}
 
 
 def reference(bundle: ModelBundle, prompt: list[int], num_tokens: int) -> list[int]:
@@ -99,10 +125,122 @@ def test_one_shot_prefill_and_sequence_id_reuse(bundle: ModelBundle) -> None:
         step = ex.decode([7, 8])
         out[8].append(step[8])
         out[9].append(step[7])
-    assert ex.num_tokens(8) == len(prompts[8]) + 11
+    assert ex.num_cached(8) == len(prompts[8]) + 10  # 11 generated, the latest not yet run
     assert out[7] == reference(bundle, prompts[7], 6)
     assert out[8] == reference(bundle, prompts[8], 11)
     assert out[9] == reference(bundle, prompts[8], 6)
+
+
+def run_mixed_ticks(ex: Executor, prompts: dict[int, list[int]],
+                    sampling: dict[int, SamplingParams], num_tokens: int, seed: int,
+                    evict: Iterable[tuple[int, int]] = ()) -> dict[int, list[int]]:
+    """Ticks as the engine runs them, one `run` each: a prompt arrives every other tick; each
+    tick grants slices of random sizes to up to three parked prompts (several finish inside a
+    tick) and steps a random subset of the decoding sequences (the others pause). `evict`
+    holds (tick, seq_id): the sequence drops its cache then and is prefilled again."""
+    rng, evict = random.Random(seed), set(evict)
+    out: dict[int, list[int]] = {seq_id: [] for seq_id in prompts}
+    arriving, parked, decoding = list(prompts), [], []
+    tick = 0
+    while arriving or parked or decoding:
+        if arriving and tick % 2 == 0:
+            ex.add(arriving[0], prompts[arriving[0]], sampling[arriving[0]])
+            parked.append(arriving.pop(0))
+        for seq_id in [s for s in decoding if (tick, s) in evict]:
+            ex.evict(seq_id)
+            decoding.remove(seq_id)
+            parked.append(seq_id)
+        slices = [Slice(s, rng.choice([1, 3, 16, 29, 64, 300]))
+                  for s in parked[: rng.randint(0, 3)]]
+        rows = [s for s in decoding if rng.random() < 0.85]
+        tokens = ex.run(slices, rows)
+        done = {w.seq_id for w in slices if ex.prompt_left(w.seq_id) == 0}
+        assert set(tokens) == set(rows) | done, f"tick {tick}"
+        for seq_id, token in tokens.items():
+            out[seq_id].append(token)
+        parked = [s for s in parked if s not in done]
+        decoding += sorted(done)
+        for seq_id in [s for s in decoding if len(out[s]) >= num_tokens]:
+            decoding.remove(seq_id)
+            ex.release(seq_id)
+        tick += 1
+    return out
+
+
+MIX_LENGTHS = [1, 5, 16, 40, 250, 257, 300, 2]  # 250 + its tokens crosses a 256-token cache step
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["one-forward", "forward-apart"])
+def test_every_mix_of_slices_and_decode_rows_equals_mlx_lm(llama_bundle, fuse):
+    prompts = {i: text_prompt(n, seed=400 + i) for i, n in enumerate(MIX_LENGTHS)}
+    greedy = {i: SamplingParams(max_tokens=12) for i in prompts}
+    ex = Executor(llama_bundle, fuse=fuse)
+    assert ex.fused is fuse
+    out = run_mixed_ticks(ex, prompts, greedy, 12, seed=1)
+    for i, prompt in prompts.items():
+        assert out[i] == reference(llama_bundle, prompt, 12), f"prompt {i} of {len(prompt)}"
+    assert ex.num_sequences == 0
+
+
+@pytest.mark.parametrize("name", OTHER_MODELS)
+def test_other_architectures_fuse_or_run_apart_and_equal_mlx_lm(name):
+    module, config = OTHER_MODELS[name]
+    bundle = random_bundle(module, **config)
+    ex = Executor(bundle)
+    assert ex.fused is (name == "qwen2")
+    prompts = {i: text_prompt(n, seed=450 + i) for i, n in enumerate(MIX_LENGTHS[:5])}
+    greedy = {i: SamplingParams(max_tokens=8) for i in prompts}
+    out = run_mixed_ticks(ex, prompts, greedy, 8, seed=3)
+    for i, prompt in prompts.items():
+        assert out[i] == reference(bundle, prompt, 8), f"prompt {i} of {len(prompt)}"
+
+
+def test_an_evicted_sequence_prefills_its_tokens_again_and_continues_exactly(llama_bundle):
+    bundle = llama_bundle
+    prompts = {i: text_prompt(n, seed=500 + i) for i, n in enumerate([30, 9, 70])}
+    seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=16)
+    sampling = {0: SamplingParams(max_tokens=16), 1: seeded, 2: SamplingParams(max_tokens=16)}
+    # Evicted while the batch runs ahead (tick 9) and from a paused state; 0 twice.
+    evict = [(9, 0), (9, 1), (14, 2), (20, 0)]
+    out = run_mixed_ticks(Executor(bundle), prompts, sampling, 16, seed=2, evict=evict)
+    assert out[0] == reference(bundle, prompts[0], 16)
+    assert out[2] == reference(bundle, prompts[2], 16)
+    alone = run_staggered(Executor(bundle), {1: prompts[1]}, {1: seeded}, 16)[1]
+    assert out[1] == alone, "a seeded sampler carries on across its eviction"
+
+
+def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, monkeypatch):
+    bundle = llama_bundle
+    # The fault strikes after the forward has updated every cache: the executor must put the
+    # caches and PRNG keys back, so the same work run again gives mlx-lm's tokens.
+    prompts = {i: text_prompt(n, seed=600 + i) for i, n in enumerate([12, 20, 45])}
+    seeded = SamplingParams(temperature=1.0, seed=8, max_tokens=10)
+    ex = Executor(bundle)
+    for seq_id in (0, 1):
+        ex.add(seq_id, prompts[seq_id], seeded if seq_id == 1 else SamplingParams())
+    out = {0: [ex.prefill(0, 100)], 1: [ex.prefill(1, 100)]}
+    for _ in range(3):  # the batch runs ahead: the failing tick also undoes a queued step
+        for seq_id, token in ex.decode([0, 1]).items():
+            out[seq_id].append(token)
+    ex.add(2, prompts[2], SamplingParams())
+    def failing(*args: object) -> object:
+        raise RuntimeError("injected fault in sampling")
+
+    # First the prompt's first token fails (the decode rows take the queued step), then the
+    # evaluation itself (nothing queued any more, every row sampled, the slice in the cache).
+    for target, name, work in ((SequenceSampler, "sample", Slice(2, 45)),
+                               (executor_module.mx, "eval", Slice(2, 20))):
+        with monkeypatch.context() as patch:
+            patch.setattr(target, name, failing)
+            with pytest.raises(RuntimeError, match="injected"):
+                ex.run([work], [0, 1])
+        assert ex.prompt_left(2) == 45 and ex.num_cached(0) == len(prompts[0]) + 3
+    for num_tokens in (20, 25):
+        for seq_id, token in ex.run([Slice(2, num_tokens)], [0, 1]).items():
+            out.setdefault(seq_id, []).append(token)
+    assert out[0] == reference(bundle, prompts[0], 6)
+    assert out[2] == reference(bundle, prompts[2], 1)
+    assert out[1] == run_staggered(Executor(bundle), {1: prompts[1]}, {1: seeded}, 6)[1]
 
 
 def test_default_model_emits_printable_ascii_only(bundle: ModelBundle) -> None:

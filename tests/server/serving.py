@@ -109,22 +109,22 @@ def serve(bundle: Any, *, max_body_bytes: int = 4096, **engine_config: Any) -> I
 
 
 def poison_prompts(engine: Engine, monkeypatch: Any, method: str) -> None:
-    """Fault injection: the executor's `method` ("prefill" or "decode") raises for sequences
-    whose prompt contains POISON; every other sequence runs as usual."""
+    """Fault injection: a tick raises when it runs `method` work ("prefill" or "decode") of a
+    sequence whose prompt contains POISON; every other piece of work runs as usual."""
     executor = engine.executor
     poisoned: set[int] = set()
-    add, work = executor.add, getattr(executor, method)
+    add, run = executor.add, executor.run
 
     def add_and_mark(seq_id: int, prompt_tokens: Any, sampling: Any) -> None:
         if POISON in bytes(t for t in prompt_tokens if t < 256):
             poisoned.add(seq_id)
         add(seq_id, prompt_tokens, sampling)
 
-    def failing(seq_ids: Any, *args: Any) -> Any:
-        ids = seq_ids if isinstance(seq_ids, list) else [seq_ids]
+    def failing(prefills: Any, decode: Any) -> Any:
+        ids = [w.seq_id for w in prefills] if method == "prefill" else list(decode)
         if poisoned.intersection(ids):
             raise RuntimeError(f"injected fault in {method}")
-        return work(seq_ids, *args)
+        return run(prefills, decode)
 
     monkeypatch.setattr(executor, "add", add_and_mark)
-    monkeypatch.setattr(executor, method, failing)
+    monkeypatch.setattr(executor, "run", failing)

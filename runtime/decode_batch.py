@@ -1,0 +1,97 @@
+"""The decode batch: every decoding sequence's rows in one mlx-lm `BatchKVCache` per layer.
+
+Sequences merge in when they first decode (left padded, with a mask, as mlx-lm's
+`BatchGenerator` does) and are filtered out when released or evicted; a sequence alive but not
+stepped (paused) is extracted back into its own `KVCache`. Joining and leaving cost one copy of
+the batch cache; a step with an unchanged batch costs none. The batch may hold one step queued
+ahead of what was returned (`ahead`), which `rewind` undoes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+from runtime.sampling import SequenceSampler
+
+
+class Member(Protocol):
+    """What the batch needs of a sequence: its own cache (None while in the batch), its
+    sampler."""
+
+    cache: list[Any] | None
+    sampler: SequenceSampler
+
+
+class DecodeBatch:
+    """Rows of the decoding sequences in `cache`; row i belongs to `ids[i]` (None: released or
+    evicted, dropped at the next `regroup`)."""
+
+    def __init__(self, members: Mapping[int, Member]) -> None:
+        self._members = members
+        self.ids: list[int | None] = []
+        self.cache: list[BatchKVCache] | None = None
+        # Tokens of a step already queued on every row (caches advanced) that no tick has
+        # returned yet; None when the batch is not ahead.
+        self.ahead: mx.array | None = None
+
+    @property
+    def live_ids(self) -> list[int]:
+        return [i for i in self.ids if i is not None]
+
+    def drop(self, seq_id: int) -> None:
+        """Forget the sequence's row (its cache is not wanted back)."""
+        if seq_id in self.ids:
+            self.ids[self.ids.index(seq_id)] = None
+            if all(i is None for i in self.ids):
+                self.ids, self.cache, self.ahead = [], None, None
+
+    def rewind(self) -> None:
+        """Undo the queued step: its token leaves every row's cache, its PRNG split is undone."""
+        assert self.cache is not None
+        for c in self.cache:
+            c.trim(1)
+        for seq_id in self.live_ids:
+            self._members[seq_id].sampler.rewind()
+        self.ahead = None
+
+    def regroup(self, ids: list[int]) -> None:
+        """Make the batch hold exactly `ids`: drop released rows, park the others in their own
+        caches, merge newcomers at the end."""
+        wanted = set(ids)
+        keep = [i for i, seq_id in enumerate(self.ids) if seq_id in wanted]
+        if len(keep) < len(self.ids):
+            assert self.cache is not None
+            for i, seq_id in enumerate(self.ids):
+                if seq_id is not None and seq_id not in wanted:
+                    self._members[seq_id].cache = [c.extract(i) for c in self.cache]
+            if keep:
+                for c in self.cache:
+                    c.filter(keep)
+                if self.ahead is not None:
+                    self.ahead = self.ahead[mx.array(keep)]
+            else:
+                self.cache = None
+            self.ids = [self.ids[i] for i in keep]
+        present = set(self.ids)
+        joining = [seq_id for seq_id in ids if seq_id not in present]
+        if joining:
+            self._merge(joining)
+
+    def _merge(self, joining: list[int]) -> None:
+        caches = []
+        for seq_id in joining:
+            member = self._members[seq_id]
+            assert member.cache is not None
+            caches.append(member.cache)
+            member.cache = None
+        merged = [BatchKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
+        if self.cache is None:
+            self.cache = merged
+        else:
+            for batch, new in zip(self.cache, merged, strict=True):
+                batch.extend(new)
+        self.ids.extend(joining)

@@ -1,0 +1,145 @@
+"""One forward pass over a ragged batch: a tick's decode rows and prefill slices together.
+
+A tick's work is a list of segments. Each segment is a block of tokens, shape (rows, length),
+with its own per-layer KV cache: the decode batch (rows = sequences, length 1, one mlx-lm
+`BatchKVCache`) or the slice of one prompt (rows 1, length = slice tokens, its `KVCache`).
+For the Llama family (mlx-lm's `llama` module, which also serves mistral, and `qwen2`) the
+norms, projections and MLP run once over every token of every segment, concatenated along the
+token axis; rope, the cache update and attention run per segment against its own cache, with
+the ops and shapes of mlx-lm's own layer. Its output equals the model's own forward bit for bit
+where the BLAS computes each row of a product alone (the reference BLAS), and to float32
+rounding where it blocks rows together (OpenBLAS). Any other architecture runs each segment
+through the model's own forward (`forward_apart`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import llama, qwen2
+from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+
+# The attention and MLP classes whose __call__ `forward_fused` re-states, read line by line.
+_FUSABLE_ATTENTION = (llama.Attention, qwen2.Attention)
+_FUSABLE_MLP = (llama.MLP, qwen2.MLP)
+_FUSABLE_BLOCK = (llama.TransformerBlock, qwen2.TransformerBlock)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A block of tokens (shape (rows, length)) and its per-layer cache. With `logits`, the
+    forward returns the logits of its last position in every row."""
+
+    tokens: mx.array
+    cache: list[Any]
+    logits: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.size
+
+
+def can_fuse(model: Any) -> bool:
+    """Whether `forward_fused` computes exactly what `model`'s own forward does."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not layers or not all(type(layer) in _FUSABLE_BLOCK for layer in layers):
+        return False
+    if getattr(inner, "pipeline_size", 1) != 1:  # qwen2 split across processes
+        return False
+    return all(
+        type(layer.self_attn) in _FUSABLE_ATTENTION and type(layer.mlp) in _FUSABLE_MLP
+        and not getattr(layer, "use_sliding", False)  # a sliding window needs another cache
+        for layer in layers
+    )
+
+
+def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
+    """Logits (rows wanted, vocab) of every segment with `logits`, in segment order; None when
+    no segment wants any. Updates every segment's cache. `model` must pass `can_fuse`."""
+    inner = model.model
+    h = inner.embed_tokens(mx.concatenate([s.tokens.reshape(-1) for s in segments]))
+    # Masks as the model makes them: from each segment's shape and cache, before any update.
+    masks = [create_attention_mask(s.tokens, s.cache[0]) for s in segments]
+    wanted = _wanted_rows(segments)
+    last = len(inner.layers) - 1
+    for i, layer in enumerate(inner.layers):
+        x = layer.input_layernorm(h)
+        attn = layer.self_attn
+        queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        outputs, start = [], 0
+        for segment, mask in zip(segments, masks, strict=True):
+            end = start + segment.num_tokens
+            # The last layer's output matters only at the rows whose logits are wanted.
+            need = i < last or segment.logits
+            out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
+                          keys[start:end], values[start:end])
+            if out is not None:
+                outputs.append(out)
+            start = end
+        if i == last:
+            if wanted is None:
+                return None
+            h, att = h[wanted[0]], _concat(outputs)[wanted[1]]
+        else:
+            att = _concat(outputs)
+        h = h + attn.o_proj(att)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return _lm_head(model, inner.norm(h))
+
+
+def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
+    """What `forward_fused` returns, through the model's own forward once per segment."""
+    logits = []
+    for segment in segments:
+        out = model(segment.tokens, cache=segment.cache)
+        if segment.logits:
+            logits.append(out[:, -1, :])
+    return _concat(logits) if logits else None
+
+
+def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.array | None,
+            keys: mx.array, values: mx.array) -> mx.array | None:
+    # mlx-lm's Attention.__call__ for one segment (rows, length), after the projections.
+    rows, length = segment.tokens.shape
+    cache = segment.cache[layer]
+    keys = keys.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    values = values.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    offset = cache.offset
+    keys = attn.rope(keys, offset=offset)
+    keys, values = cache.update_and_fetch(keys, values)
+    if queries is None:
+        return None
+    queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
+    queries = attn.rope(queries, offset=offset)
+    out = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=attn.scale,
+                                       mask=mask)
+    return out.transpose(0, 2, 1, 3).reshape(rows * length, -1)
+
+
+def _wanted_rows(segments: Sequence[Segment]) -> tuple[mx.array, mx.array] | None:
+    # The last position of each row of each segment with `logits`: its index among all tokens,
+    # and among the last layer's attention outputs (which skip segments without `logits`).
+    everywhere, among_kept, start, kept = [], [], 0, 0
+    for s in segments:
+        num_rows, length = s.tokens.shape
+        if s.logits:
+            ends = [r * length + length - 1 for r in range(num_rows)]
+            everywhere += [start + e for e in ends]
+            among_kept += [kept + e for e in ends]
+            kept += s.num_tokens
+        start += s.num_tokens
+    return (mx.array(everywhere), mx.array(among_kept)) if everywhere else None
+
+
+def _concat(parts: list[mx.array]) -> mx.array:
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+
+
+def _lm_head(model: Any, h: mx.array) -> mx.array:
+    if model.args.tie_word_embeddings:
+        return model.model.embed_tokens.as_linear(h)
+    return model.lm_head(h)

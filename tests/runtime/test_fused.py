@@ -1,0 +1,106 @@
+"""The fused forward against the model's own forward, array for array.
+
+Bit for bit where the BLAS computes each row of a matrix product on its own (the reference
+BLAS that MLX's Linux wheel links does); an optimized BLAS blocks rows together, so a row's
+last bits depend on how many rows share the product, and there the arrays must agree to
+float32 rounding (the executor's greedy-token tests stay exact under both).
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import llama, qwen2, qwen3
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
+from runtime.model import BUILTIN_CONFIG
+
+
+def blas_rows_independent() -> bool:
+    mx.random.seed(0)
+    x, w = mx.random.normal((64, 128)), mx.random.normal((128, 384))
+    whole = x @ w
+    return all(mx.array_equal(whole[i: i + 1], x[i: i + 1] @ w).item() for i in range(64))
+
+
+EXACT = blas_rows_independent()
+
+
+def same(a: mx.array, b: mx.array) -> bool:
+    return mx.array_equal(a, b).item() if EXACT else mx.allclose(a, b, rtol=1e-4,
+                                                                  atol=1e-5).item()
+
+
+def random_model(module, **config):
+    mx.random.seed(5)
+    model = module.Model(module.ModelArgs.from_dict({**BUILTIN_CONFIG, **config}))
+    mx.eval(model.parameters())
+    return model
+
+
+def filled_cache(model, num_tokens: int, rng: random.Random) -> list:
+    cache = make_prompt_cache(model)
+    if num_tokens:
+        model(mx.array([rng.randrange(258) for _ in range(num_tokens)])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def make_segments(model, seed: int, rows: list[int], slices: list[tuple[int, int, bool]]):
+    """Decode rows at the given contexts (one BatchKVCache) and (tokens, context, logits)
+    slices, each in its own cache; the same seed gives the same arrays."""
+    rng = random.Random(seed)
+    segments = []
+    if rows:
+        caches = [filled_cache(model, n, rng) for n in rows]
+        batch = [BatchKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
+        tokens = mx.array([rng.randrange(258) for _ in rows])[:, None]
+        segments.append(Segment(tokens, batch, logits=True))
+    for num_tokens, context, logits in slices:
+        cache = filled_cache(model, context, rng)
+        tokens = mx.array([rng.randrange(258) for _ in range(num_tokens)])[None]
+        segments.append(Segment(tokens, cache, logits=logits))
+    return segments
+
+
+MIXES = {
+    "decode rows only": ([5, 40, 300], []),
+    "one slice, no logits": ([], [(16, 0, False)]),
+    "slices only": ([], [(16, 0, True), (7, 250, True)]),
+    "rows and slices, some ending their prompt": ([3, 17, 260], [(16, 0, True), (33, 20, False),
+                                                                 (1, 9, True), (64, 200, False)]),
+    "rows and slices that want no logits": ([12], [(5, 3, False), (9, 0, False)]),
+}
+
+
+@pytest.mark.parametrize("module", [llama, qwen2], ids=["llama", "qwen2"])
+@pytest.mark.parametrize("mix", MIXES)
+def test_fused_forward_equals_the_models_own_forward(module, mix):
+    model = random_model(module, model_type=module.__name__.rsplit(".", 1)[1])
+    rows, slices = MIXES[mix]
+    fused = make_segments(model, 1, rows, slices)
+    apart = make_segments(model, 1, rows, slices)
+    got, want = forward_fused(model, fused), forward_apart(model, apart)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got.shape == want.shape
+        assert same(got, want)
+    for mine, theirs in zip(fused, apart, strict=True):
+        for a, b in zip(mine.cache, theirs.cache, strict=True):
+            assert a.offset.tolist() == b.offset.tolist() if isinstance(a, BatchKVCache) \
+                else a.offset == b.offset
+            for x, y in zip(a.state[:2], b.state[:2], strict=True):
+                assert same(x, y)
+
+
+def test_only_architectures_whose_layers_it_restates_are_fused():
+    assert can_fuse(random_model(llama, model_type="llama"))
+    assert can_fuse(random_model(qwen2, model_type="qwen2"))
+    assert not can_fuse(random_model(qwen3, model_type="qwen3", rope_theta=1e6))  # q/k norms
+    sliding = random_model(llama, model_type="llama", sliding_window=64,
+                           layer_types=["sliding_attention", "full_attention"] * 2)
+    assert not can_fuse(sliding)
