@@ -1,7 +1,8 @@
-"""Admission control: a bounded waiting queue and a bound on tokens held in KV caches.
+"""Admission control at submission: a bounded queue of requests not yet admitted.
 
-Both are answered at submission, on the caller's thread, so an overloaded server refuses at
-once (429 with Retry-After) instead of queueing without end or running out of memory.
+Answered on the caller's thread, so an overloaded server refuses at once (429 with
+Retry-After) instead of queueing without end. KV memory is not reserved here: the scheduler
+accounts it as it is used, and queues or preempts when it runs out (statemachine.world).
 """
 
 from __future__ import annotations
@@ -12,39 +13,28 @@ from runtime.api import EngineFull
 
 
 class Admission:
-    """Counts requests queued without a slot and the KV tokens every live request may need
-    (prompt + max_tokens, reserved at submission, released when the request ends)."""
+    """Counts the requests that arrived and were never admitted yet."""
 
-    def __init__(self, max_waiting: int, max_kv_tokens: int | None) -> None:
-        self.max_waiting, self.max_kv_tokens = max_waiting, max_kv_tokens
+    def __init__(self, max_waiting: int) -> None:
+        self.max_waiting = max_waiting
         self._lock = threading.Lock()
         self.num_queued = 0
-        self.kv_tokens = 0
 
-    def reserve(self, tokens: int) -> None:
-        """Take a place in the queue and `tokens` of the KV budget, or raise EngineFull."""
-        if self.max_kv_tokens is not None and tokens > self.max_kv_tokens:
-            raise ValueError(f"the prompt plus max_tokens needs {tokens} KV tokens, more than "
-                             f"the server's whole budget (--max-kv-tokens {self.max_kv_tokens})")
+    def reserve(self) -> None:
+        """Take a place in the queue, or raise EngineFull."""
         with self._lock:
             if self.num_queued >= self.max_waiting:
                 raise EngineFull(f"{self.num_queued} requests are already waiting "
                                  f"(--max-waiting {self.max_waiting})")
-            if self.max_kv_tokens is not None and \
-                    self.kv_tokens + tokens > self.max_kv_tokens:
-                raise EngineFull(f"{self.kv_tokens} of {self.max_kv_tokens} KV tokens are "
-                                 f"committed to running requests (--max-kv-tokens)")
             self.num_queued += 1
-            self.kv_tokens += tokens
 
     def admitted(self) -> None:
-        """A queued request got a slot."""
+        """A queued request was admitted for the first time."""
         with self._lock:
             self.num_queued -= 1
 
-    def release(self, tokens: int, queued: bool) -> None:
-        """A request ended; `queued` if it never got a slot."""
-        with self._lock:
-            self.kv_tokens -= tokens
-            if queued:
+    def release(self, queued: bool) -> None:
+        """A request ended; `queued` if it was never admitted."""
+        if queued:
+            with self._lock:
                 self.num_queued -= 1

@@ -21,13 +21,16 @@ import mlx.core as mx
 from runtime.admission import Admission
 from runtime.api import EngineDead, GenerationRequest, Sink
 from runtime.budget import CostModel, SliceShape, TickShape
+from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
 from runtime.requests import LiveRequest, kv_tokens
-from statemachine.scheduler import Scheduler, TickPlan
+from statemachine.lifecycle import Role, Trigger, load_lifecycle
+from statemachine.scheduler import Scheduler
 from statemachine.tick import TickState, make_policy
 from statemachine.trace import TraceLog
+from statemachine.world import Layout, Plan, admissible
 
 log = logging.getLogger("fairtick.engine")
 
@@ -37,17 +40,20 @@ class EngineConfig:
     """How the engine runs; validated on construction."""
 
     model: str | None = None
-    parallel: int = 4
+    # Sequences holding KV at once; the KV budget is the real limit. mlx_lm.server decodes 32
+    # at once; 256 (vLLM's default) keeps the running limit out of the way of the budget.
+    max_running: int = 256
     prefill_chunk_size: int = 512
     policy: str = "default"
     policy_params: Mapping[str, float] = field(default_factory=dict)
-    max_waiting: int = 64
-    max_kv_tokens: int | None = None
+    max_waiting: int = 256
+    max_kv_tokens: int | None = None  # None: sized from the memory available at start-up
+    lifecycle: str | None = None  # None: specs/lifecycle.yaml
     trace_capacity: int = 100_000
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        for name, low in (("parallel", 1), ("prefill_chunk_size", 1), ("max_waiting", 0),
+        for name, low in (("max_running", 1), ("prefill_chunk_size", 1), ("max_waiting", 0),
                           ("trace_capacity", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
@@ -66,9 +72,12 @@ class Engine:
         self.metrics = EngineMetrics()
         self.registry = self.metrics.registry
         self.trace = TraceLog(config.trace_capacity)
-        self.scheduler = Scheduler(self.policy, config.parallel, config.prefill_chunk_size,
-                                   trace=self.trace, check=config.check_invariants,
-                                   clock=time.time)
+        self.kv = make_kv_budget(self.bundle.model, config.max_kv_tokens)
+        self.metrics.kv_budget.set(self.kv.tokens)
+        self.layout = Layout(config.max_running, config.prefill_chunk_size, self.kv.tokens)
+        self.lifecycle = load_lifecycle(config.lifecycle)
+        self.scheduler = Scheduler(self.policy, self.layout, self.lifecycle, trace=self.trace,
+                                   check=config.check_invariants, clock=time.time)
         self.executor = Executor(self.bundle)
         self.costs = CostModel()
         self._target_s: float | None = None  # the latency target this tick's slice is sized for
@@ -78,7 +87,7 @@ class Engine:
         self._live: dict[int, LiveRequest] = {}
         self._by_request: dict[str, int] = {}
         self._ids = itertools.count()
-        self.admission = Admission(config.max_waiting, config.max_kv_tokens)
+        self.admission = Admission(config.max_waiting)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._accepting = True
@@ -120,7 +129,11 @@ class Engine:
             raise ValueError(f"prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
                              f"({request.sampling.max_tokens}) is {need} tokens, more than the "
                              f"model's context of {self.bundle.context_length}")
-        self.admission.reserve(need)
+        problem = admissible(len(request.prompt_tokens), request.sampling.max_tokens,
+                             self.kv.tokens)
+        if problem is not None:
+            raise ValueError(f"{problem} (--max-kv-tokens); lower max_tokens or the prompt")
+        self.admission.reserve()
         self._inbox.put(("submit", (request, sink, time.monotonic())))
         self._wake.set()
         if not self.alive:  # it died after the check above: answer and release the request
@@ -132,17 +145,22 @@ class Engine:
         self._wake.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """The policy, its parameters and every live sequence with its state."""
+        """The policy, its parameters, the KV budget and every live sequence with its state."""
         with self._lock:
+            world = self.scheduler.world()
             seqs = [{"seq": s.seq_id, "request_id": self._live[s.seq_id].request_id
-                     if s.seq_id in self._live else None, "state": s.state,
-                     "prefill_left": s.prefill_left, "wait_ticks": s.wait_ticks,
-                     "generated": self._live[s.seq_id].num_generated
-                     if s.seq_id in self._live else 0}
-                    for s in self.scheduler.sequences()]
+                     if s.seq_id in self._live else None,
+                     "state": self.lifecycle.state_of[s.role], "role": s.role.word,
+                     "prefill_left": s.target - s.prefilled, "wait_ticks": s.wait,
+                     "generated": s.generated, "kv_tokens": s.kv_cached,
+                     "preemptions": s.preemptions}
+                    for s in world.seqs]
             return {"policy": self.policy.name, "params": self.params,
-                    "tick": self.scheduler.tick, "slots": self.config.parallel,
-                    "prefill_chunk_size": self.config.prefill_chunk_size,
+                    "tick": self.scheduler.tick, "max_running": self.layout.max_running,
+                    "prefill_chunk_size": self.layout.chunk_size,
+                    "kv": {"budget_tokens": self.kv.tokens, "cached_tokens":
+                           sum(s["kv_tokens"] for s in seqs),
+                           "bytes_per_token": self.kv.bytes_per_token},
                     "alive": self.alive, "sequences": seqs}
 
     # -- the engine thread ----------------------------------------------------------------
@@ -162,7 +180,7 @@ class Engine:
             reason = f"engine stopped: {self.error}" if self.error else "server shutting down"
             for live in list(self._live.values()):
                 live.end("error" if self.error else "abort", error=reason)
-                self.admission.release(live.kv_tokens, queued=live.admitted_s is None)
+                self.admission.release(queued=live.admitted_s is None)
             self._live.clear()
             self._by_request.clear()
             self._drain_inbox(refuse=reason)
@@ -186,12 +204,13 @@ class Engine:
                                    self.bundle.eos_token_ids, submitted_s)
                 if refuse is not None:
                     live.end("error", error=refuse)
-                    self.admission.release(live.kv_tokens, queued=True)
+                    self.admission.release(queued=True)
                     continue
                 self._live[live.seq_id] = live
                 self._by_request[request.request_id] = live.seq_id
                 with self._lock:
-                    self.scheduler.submit(live.seq_id, len(request.prompt_tokens))
+                    self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
+                                          request.sampling.max_tokens)
                 self.executor.add(live.seq_id, request.prompt_tokens, request.sampling)
             elif kind == "abort" and item in self._by_request:
                 self._retire(self._by_request[item], "abort")
@@ -203,6 +222,7 @@ class Engine:
         budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
             plan = self.scheduler.schedule(budget)
+        self._preempt(plan)
         self._note_admissions(time.monotonic())
         shape = self._shape(plan)
         executing = time.perf_counter()
@@ -233,13 +253,23 @@ class Engine:
         context = max(self.executor.num_cached(p.seq_id) for p in state.parked)
         return self.costs.slice_tokens_within(self._target_s, rows, context, chunk)
 
-    def _shape(self, plan: TickPlan) -> TickShape:
+    def _preempt(self, plan: Plan) -> None:
+        # A preempted sequence drops its KV (re-prefilled later from prompt + output); a
+        # paused one keeps it and is just not in the decode rows.
+        for event in plan.events:
+            if event.trigger in (Trigger.PREEMPT, Trigger.PAUSE):
+                kind = "drop" if event.trigger is Trigger.PREEMPT else "pause"
+                self.metrics.preemptions.labels(kind).inc()
+                if kind == "drop" and event.seq_id in self.executor:
+                    self.executor.evict(event.seq_id)
+
+    def _shape(self, plan: Plan) -> TickShape:
         cached = self.executor.num_cached
         return TickShape(tuple(cached(s) for s in plan.decode if s in self.executor),
                          tuple(SliceShape(w.num_tokens, cached(w.seq_id))
                                for w in plan.prefills if w.seq_id in self.executor))
 
-    def _execute(self, plan: TickPlan) -> list[int]:
+    def _execute(self, plan: Plan) -> list[int]:
         # The tick is one executor call. If it fails, the executor has left every sequence as
         # it was and the pieces run again apart: a fault in one request's work fails that
         # request only, a fault in the decode step fails the decode batch.
@@ -287,7 +317,7 @@ class Engine:
     def _retire(self, seq_id: int, reason: str | None) -> None:
         live = self._live.pop(seq_id)
         self._by_request.pop(live.request_id, None)
-        self.admission.release(live.kv_tokens, queued=live.admitted_s is None)
+        self.admission.release(queued=live.admitted_s is None)
         if reason is not None:  # aborted (or failed) before it finished
             with self._lock:
                 self.scheduler.abort(seq_id)
@@ -298,13 +328,13 @@ class Engine:
     def _note_admissions(self, now_s: float) -> None:
         for live in self._live.values():
             if live.admitted_s is None:
-                seq = self.scheduler.sequence(live.seq_id)
-                if seq is not None and seq.state != "waiting":
+                role = self.scheduler.role(live.seq_id)
+                if role is not None and role is not Role.QUEUED:
                     live.admitted_s = now_s
                     self.metrics.queue_time.observe(now_s - live.submitted_s)
                     self.admission.admitted()
 
-    def _record(self, plan: TickPlan) -> None:
+    def _record(self, plan: Plan) -> None:
         m, decision = self.metrics, plan.decision
         m.ticks.labels(decision.action).inc()
         m.prefill_chunks.inc(len(plan.prefills))
@@ -320,7 +350,9 @@ class Engine:
         self._set_gauges()
 
     def _set_gauges(self) -> None:
+        world = self.scheduler.world()
         state = self.scheduler.tick_state()
         self.metrics.parked.set(state.num_parked)
         self.metrics.waiting.set(state.num_waiting)
-        self.metrics.running.set(state.num_parked + state.num_decoding)
+        self.metrics.running.set(state.num_running)
+        self.metrics.kv_tokens.set(sum(s.kv_cached for s in world.seqs))

@@ -36,7 +36,7 @@ class EngineMetrics:
                              "Time between two tokens of one request", buckets=_LATENCY_BUCKETS,
                              registry=r)
         self.queue_time = Histogram("fairtick_request_queue_time_seconds",
-                                    "Submission to admission into a slot",
+                                    "Submission to first admission",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.parked_wait = Histogram("fairtick_parked_wait_ticks",
                                      "Ticks a parked prefill waited before each grant",
@@ -46,10 +46,18 @@ class EngineMetrics:
         self.scheduler_time = Counter(
             "fairtick_scheduler_seconds", "Time spent in the scheduler core: decide_tick, "
             "lifecycle triggers and bookkeeping (not the model)", registry=r)
-        self.running = Gauge("fairtick_requests_running", "Sequences holding a slot",
+        self.running = Gauge("fairtick_requests_running", "Sequences holding KV",
                              registry=r)
-        self.waiting = Gauge("fairtick_requests_waiting", "Requests queued for a slot",
-                             registry=r)
+        self.waiting = Gauge("fairtick_requests_waiting",
+                             "Requests queued for KV room or a running place (preempted ones "
+                             "included)", registry=r)
+        self.kv_tokens = Gauge("fairtick_kv_tokens", "Tokens in the KV caches", registry=r)
+        self.kv_budget = Gauge("fairtick_kv_budget_tokens", "The KV token budget", registry=r)
+        self.preemptions = Counter(
+            "fairtick_preemptions", "Sequences preempted when the KV budget ran out, by kind: "
+            "drop (KV freed, re-prefilled later) or pause (KV kept)", ["kind"], registry=r)
+        for kind in ("drop", "pause"):
+            self.preemptions.labels(kind)
         self.parked = Gauge("fairtick_requests_parked", "Prefills parked, waiting for a tick",
                             registry=r)
         for action in ("idle", "decode", "prefill", "mixed"):

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import re
+import sys
 import time
 from typing import Any
 
@@ -86,6 +87,8 @@ async def _start_engine(app: Sanic) -> None:
     app.ctx.limits = model_limits(engine.bundle)
     app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
     log.info("serving %s with policy %s", app.ctx.limits.name, engine.policy.name)
+    print(f"fairtick serve: KV budget: {engine.kv.describe()}; up to "
+          f"{engine.layout.max_running} sequences running", file=sys.stderr, flush=True)
 
 
 async def _begin_draining(app: Sanic) -> None:

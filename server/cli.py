@@ -59,11 +59,13 @@ def _top_parser() -> argparse.ArgumentParser:
 def serve_main(argv: Sequence[str]) -> int:
     """`fairtick serve`: the policy is read first, since its spec declares more flags."""
     from server.policy_flags import add_policy_flags, resolve_policy_params
+    from statemachine.lifecycle import load_lifecycle
     from statemachine.spec import SpecError, load_policy
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--policy", default=os.environ.get(POLICY_ENV, "default"))
     pre.add_argument("--blas", default=None)
+    pre.add_argument("--lifecycle", default=None)
     known, _ = pre.parse_known_args(argv)
     try:
         blas = _load_blas(known.blas)
@@ -74,6 +76,11 @@ def serve_main(argv: Sequence[str]) -> int:
         spec = load_policy(known.policy)
     except SpecError as exc:
         print(f"fairtick serve: invalid policy spec: {exc}", file=sys.stderr)
+        return 2
+    try:
+        load_lifecycle(known.lifecycle)
+    except SpecError as exc:
+        print(f"fairtick serve: invalid lifecycle spec: {exc}", file=sys.stderr)
         return 2
     parser = _serve_parser()
     add_policy_flags(parser, spec)
@@ -120,8 +127,10 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="local mlx-lm model directory (default: the built-in offline model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    p.add_argument("--parallel", type=int, default=d["parallel"], metavar="N",
-                   help=f"sequence slots: prompts and streams in flight (default {d['parallel']})")
+    p.add_argument("--max-running", "--parallel", type=int, default=d["max_running"],
+                   metavar="N", dest="max_running",
+                   help=f"sequences that may hold KV at once; the KV budget is the real limit "
+                   f"(default {d['max_running']}; --parallel is the old name)")
     p.add_argument("--prefill-chunk-size", type=int, default=d["prefill_chunk_size"],
                    metavar="N", help=f"prompt tokens per prefill chunk "
                    f"(default {d['prefill_chunk_size']})")
@@ -129,11 +138,14 @@ def _serve_parser() -> argparse.ArgumentParser:
                    metavar="NAME|PATH", help=f"tick policy: a shipped name or a YAML file (env "
                    f"{POLICY_ENV}; default {d['policy']!r})")
     p.add_argument("--max-waiting", type=int, default=d["max_waiting"], metavar="N",
-                   help=f"queued requests beyond which new ones get 429 "
+                   help=f"requests not yet admitted beyond which new ones get 429 "
                    f"(default {d['max_waiting']})")
     p.add_argument("--max-kv-tokens", type=int, default=d["max_kv_tokens"], metavar="N",
-                   help="tokens held in KV caches beyond which new requests get 429 "
-                   "(default: no limit beyond the slots)")
+                   help="the KV token budget: past it arrivals queue and the policy's kv_full "
+                   "preempts (default: half the memory available at start-up, divided by the "
+                   "model's KV bytes a token; printed at start-up)")
+    p.add_argument("--lifecycle", default=d["lifecycle"], metavar="FILE",
+                   help="lifecycle spec (default: specs/lifecycle.yaml)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})")
     p.add_argument("--listen-backlog", type=int, default=server.listen_backlog, metavar="N",
@@ -163,9 +175,10 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         raise ValueError(f"--model: {args.model} is not an mlx-lm model directory "
                          "(no config.json)")
     engine = EngineConfig(
-        model=args.model, parallel=args.parallel, prefill_chunk_size=args.prefill_chunk_size,
-        policy=args.policy, policy_params=params, max_waiting=args.max_waiting,
-        max_kv_tokens=args.max_kv_tokens, trace_capacity=args.trace_capacity,
+        model=args.model, max_running=args.max_running,
+        prefill_chunk_size=args.prefill_chunk_size, policy=args.policy, policy_params=params,
+        max_waiting=args.max_waiting, max_kv_tokens=args.max_kv_tokens,
+        lifecycle=args.lifecycle, trace_capacity=args.trace_capacity,
         check_invariants=args.check_invariants,
     )
     return ServerConfig(engine=engine, host=args.host, port=args.port,

@@ -49,10 +49,10 @@ async def debug_trace(request: Request) -> HTTPResponse:
 
 
 async def debug_state(request: Request) -> HTTPResponse:
-    """The policy, its parameters and each live sequence with its state; what admission control
-    holds (queued requests, reserved KV tokens) and the memory the engine holds, so an operator
-    (or a test) can see both return to their baseline when the server is idle; and the BLAS
-    that MLX runs on."""
+    """The policy, its parameters, the KV budget and each live sequence with its state and KV
+    tokens; what admission control holds (requests not yet admitted) and the memory the engine
+    holds, so an operator (or a test) can see both return to their baseline when the server is
+    idle; and the BLAS that MLX runs on."""
     engine = request.app.ctx.engine
     state = {**engine.snapshot(), "admission": admission_state(engine),
              "memory": memory_state(engine), "blas": blas_state()}
@@ -61,8 +61,7 @@ async def debug_state(request: Request) -> HTTPResponse:
 
 def admission_state(engine: Any) -> dict[str, int | None]:
     admission = engine.admission
-    return {"queued": admission.num_queued, "max_waiting": admission.max_waiting,
-            "kv_tokens_reserved": admission.kv_tokens, "max_kv_tokens": admission.max_kv_tokens}
+    return {"queued": admission.num_queued, "max_waiting": admission.max_waiting}
 
 
 def memory_state(engine: Any) -> dict[str, int]:

@@ -22,8 +22,8 @@ from tests.server.http_helpers import get
 REPO = Path(__file__).resolve().parents[2]
 
 _server_numbers = itertools.count()
-# Small enough for 2 CPU cores: 2 slots, a queue of 2, 32-token chunks.
-SERVE_FLAGS = ("--parallel", "2", "--max-waiting", "2", "--prefill-chunk-size", "32")
+# Small enough for 2 CPU cores: 2 running, a queue of 2, 32-token chunks.
+SERVE_FLAGS = ("--max-running", "2", "--max-waiting", "2", "--prefill-chunk-size", "32")
 START_TIMEOUT_S = 120.0
 
 
@@ -65,7 +65,7 @@ class LiveServer(Server):
             state = self.state()
             admission, memory = state["admission"], state["memory"]
             if (not state["sequences"] and admission["queued"] == 0
-                    and admission["kv_tokens_reserved"] == 0 and memory["cached_sequences"] == 0
+                    and state["kv"]["cached_tokens"] == 0 and memory["cached_sequences"] == 0
                     and memory["mlx_active_bytes"] <= active_bytes):
                 return state
             if time.monotonic() > deadline:

@@ -1,7 +1,7 @@
 """A client that disconnects while its sequence is waiting, parked or decoding has it aborted at
-the next tick; afterwards the gauges, the slots, admission's queue and KV budget, the cached
-sequences and MLX's active memory are back to their idle baseline. (A disconnect while a chunk
-runs, which needs the engine held inside that chunk: tests/server/test_routes.py.)"""
+the next tick; afterwards the gauges, the running places, admission's queue, the KV in use, the
+cached sequences and MLX's active memory are back to their idle baseline. (A disconnect while a
+chunk runs, which needs the engine held inside that chunk: tests/server/test_routes.py.)"""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def test_debug_state_names_the_policy_and_its_parameters(server):
     spec = load_policy("default")  # the server runs with no --policy
     assert (state["policy"], state["params"]) == (spec.name, spec.defaults)
     flags = dict(zip(SERVE_FLAGS[::2], SERVE_FLAGS[1::2], strict=True))
-    assert state["slots"] == int(flags["--parallel"])
+    assert state["max_running"] == int(flags["--max-running"])
     assert state["prefill_chunk_size"] == int(flags["--prefill-chunk-size"])
 
 
@@ -142,7 +142,8 @@ def test_a_full_queue_answers_429_with_retry_after(server):
     reply = post(server.url, "/v1/completions", {"prompt": "one too many", "max_tokens": 2})
     assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
     assert reply.error()["type"] == "rate_limit_error"
-    # Answered at once: the slots and the queue were still full, so it never waited for room.
+    # Answered at once: the running places and the queue were still full, so it never waited
+    # for room.
     state = server.state()
     assert sorted(q["state"] for q in state["sequences"]) == full
     assert state["admission"]["queued"] == 2

@@ -39,7 +39,7 @@ def wait_draining(url: str) -> None:
 
 
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
-    server = start_server(tmp_path, "--parallel", "2", "--max-waiting", "2")
+    server = start_server(tmp_path, "--max-running", "2", "--max-waiting", "2")
     try:
         long = OpenStream(server.url, "/v1/completions",
                           {"prompt": "long", "max_tokens": 30_000, "stream": True})

@@ -14,20 +14,23 @@ import threading
 
 import pytest
 
+from statemachine.invariants import implied_ttft
 from statemachine.spec import shipped_policy_names
 from statemachine.tick import make_policy
 from tests.e2e.conftest import start_server, stop_server
 from tests.lifecycle_names import ADMIT, DECODING, FINISH
 from tests.server.http_helpers import OpenStream, get
 
-SLOTS, CHUNK, CHUNKS, STREAMS = 4, 32, 5, 3
+RUNNING, CHUNK, CHUNKS, STREAMS = 4, 32, 5, 3
 PROMPT = "p" * (CHUNK * (CHUNKS - 1) + 8)  # with BOS: CHUNKS chunks
 MIN_STREAM_TOKENS, MARGIN_TICKS = 120, 40
 
 
 def ttft_claim(policy: str) -> int | None:
-    """The policy's TTFT bound, in ticks, for this prompt at this layout (None: unbounded)."""
-    return make_policy(policy).claim("ttft_ticks", slots=SLOTS, chunks=CHUNKS, max_chunks=CHUNKS)
+    """The TTFT its policy's claims give this prompt, in ticks, when it fits on arrival: no tick
+    queued, never preempted, so the wait bound alone (None: unbounded)."""
+    wait = make_policy(policy).claim("wait_ticks", max_running=RUNNING)
+    return implied_ttft(CHUNKS, wait, 0, 0)
 
 
 def stream_tokens(policy: str) -> int:
@@ -91,7 +94,7 @@ def drain(stream: OpenStream) -> None:
 
 @pytest.mark.parametrize("policy", shipped_policy_names())
 def test_admission_under_a_busy_batch(policy, tmp_path):
-    server = start_server(tmp_path, "--policy", policy, "--parallel", str(SLOTS),
+    server = start_server(tmp_path, "--policy", policy, "--max-running", str(RUNNING),
                           "--prefill-chunk-size", str(CHUNK))
     try:
         run = run_scenario(server.url, stream_tokens(policy))

@@ -91,16 +91,16 @@ class Served:
             time.sleep(0.02)
 
     def wait_idle(self, timeout_s: float = 10.0) -> None:
-        """Until no sequence is live and admission holds nothing (slots and KV budget free)."""
+        """Until no sequence is live and admission holds nothing (no KV cached, none queued)."""
         self.wait_for(lambda s: not s["sequences"] and s["admission"]["queued"] == 0
-                      and s["admission"]["kv_tokens_reserved"] == 0
+                      and s["kv"]["cached_tokens"] == 0
                       and s["memory"]["cached_sequences"] == 0, timeout_s)
 
 
 @contextmanager
 def serve(bundle: Any, *, max_body_bytes: int = 4096, **engine_config: Any) -> Iterator[Served]:
     """The real engine (EngineConfig fields as keywords) behind the real app, on 127.0.0.1."""
-    config = {"parallel": 1, "max_waiting": 1, "prefill_chunk_size": 32, **engine_config}
+    config = {"max_running": 1, "max_waiting": 1, "prefill_chunk_size": 32, **engine_config}
     engine = Engine(EngineConfig(**config), bundle)
     app = create_app(ServerConfig(max_body_bytes=max_body_bytes, stop_grace_s=0.0), engine=engine)
     with ThreadedServer(app) as server:

@@ -115,7 +115,7 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
     assert (run["host"], run["port"]) == ("127.0.0.1", 8123) == (config.host, config.port)
     assert config.stop_grace_s == 0.5
     assert seen["app"].config.REQUEST_MAX_SIZE == 5000
-    assert (config.engine.parallel, config.engine.policy) == (3, "deadline")
+    assert (config.engine.max_running, config.engine.policy) == (3, "deadline")
     assert dict(config.engine.policy_params) == load_policy("deadline").defaults
 
 

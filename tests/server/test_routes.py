@@ -34,8 +34,9 @@ LONG = 20_000  # max_tokens of a stream that a test cuts off long before it ends
 
 @pytest.fixture(scope="module")
 def one_slot(bundle):
-    """One slot, a queue of one: a long stream makes the next request wait, the one after 429."""
-    with serve(bundle, parallel=1, max_waiting=1) as served:
+    """One running place, a queue of one: a long stream makes the next request wait, the one
+    after 429."""
+    with serve(bundle, max_running=1, max_waiting=1) as served:
         yield served
 
 
@@ -48,12 +49,13 @@ def served(one_slot):
 
 @pytest.fixture
 def two_slots(bundle):
-    with serve(bundle, parallel=2, max_waiting=2) as served:
+    with serve(bundle, max_running=2, max_waiting=2) as served:
         yield served
 
 
 def hold(served, prompt: str = "hold") -> OpenStream:
-    """A stream that has its first token: it holds a slot (decoding) until dropped."""
+    """A stream that has its first token: it holds the running place (decoding) until
+    dropped."""
     stream = OpenStream(served.url, "/v1/completions",
                         {"prompt": prompt, "max_tokens": LONG, "stream": True})
     stream.read_event()
@@ -151,18 +153,20 @@ def test_a_full_queue_is_429_with_retry_after_at_once(served):
     assert len(sse_text(events)) == 3, "the queued request runs once the slot is free"
 
 
-def test_a_full_kv_budget_is_429_and_a_request_over_the_whole_budget_is_400(bundle):
-    with serve(bundle, parallel=2, max_waiting=4, max_kv_tokens=LONG + 100) as served:
-        holder = hold(served)  # reserves its prompt plus LONG tokens
-        reply = post(served.url, "/v1/completions", {"prompt": "big", "max_tokens": 200})
-        assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1
-        assert "--max-kv-tokens" in reply.error()["message"]
-        reply = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": LONG + 100})
+def test_a_request_over_the_whole_kv_budget_is_400_and_a_short_budget_queues(bundle):
+    with serve(bundle, max_running=4, max_waiting=4, max_kv_tokens=400) as served:
+        reply = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": 400})
         assert reply.status == 400 and reply.error()["param"] == "prompt"
-        assert "whole budget" in reply.error()["message"]
-        small = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": 8})
-        assert small.status == 200, "what fits the rest of the budget still runs"
-        holder.drop()
+        assert "must fit the KV budget of 400 tokens" in reply.error()["message"]
+        # Three requests that need 3 x 300 of the 400 tokens: the budget, not a refusal,
+        # decides who runs when; every one completes.
+        streams = [OpenStream(served.url, "/v1/completions",
+                              {"prompt": f"p{i}", "max_tokens": 290, "stream": True})
+                   for i in range(3)]
+        for stream in streams:
+            assert len(sse_text(rest(stream))) == 290
+        state = served.state()
+        assert state["kv"]["budget_tokens"] == 400
         served.wait_idle()
 
 
@@ -199,7 +203,7 @@ def test_a_failed_decode_ends_the_stream_with_an_in_band_error(two_slots, monkey
 
 
 def test_engine_death_ends_every_request_with_503_and_health_says_so(bundle, monkeypatch):
-    with serve(bundle, parallel=1, max_waiting=1) as served:
+    with serve(bundle, max_running=1, max_waiting=1) as served:
         running = hold(served)
         queued = OpenStream(served.url, "/v1/completions",
                             {"prompt": "queued", "max_tokens": 3, "stream": True})
@@ -260,7 +264,7 @@ def test_disconnect_while_prefilling_stops_after_the_running_chunk(served, monke
     # The engine thread is held inside the prompt's first chunk while the client goes away;
     # the abort then comes at the next tick, from parked: no second chunk, no token.
     engine = served.engine
-    chunk = hold_call(monkeypatch, engine.executor, "prefill")
+    chunk = hold_call(monkeypatch, engine.executor, "run")
     aborted = hold_call(monkeypatch, engine, "abort")  # seen when the route asks to abort
     aborted.open()
     before = len(served.trace())
@@ -320,9 +324,10 @@ def test_debug_trace_and_state(served):
     lines = get(served.url, "/debug/trace?since=0&limit=1").body.decode().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["trigger"] == ADMIT
     state = served.state()
-    assert state["policy"] == served.engine.policy.name and state["slots"] == 1
-    assert state["admission"] == {"queued": 0, "max_waiting": 1, "kv_tokens_reserved": 0,
-                                  "max_kv_tokens": None}
+    assert state["policy"] == served.engine.policy.name and state["max_running"] == 1
+    assert state["admission"] == {"queued": 0, "max_waiting": 1}
+    assert state["kv"]["cached_tokens"] == 0
+    assert state["kv"]["budget_tokens"] == served.engine.kv.tokens > 0
     assert state["memory"]["cached_sequences"] == 0 and state["memory"]["mlx_active_bytes"] > 0
 
 
