@@ -60,8 +60,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per arm (3)")
     p.add_argument("--chunk", type=int, default=512, metavar="N",
                    help="--prefill-chunk-size of every arm (512)")
-    p.add_argument("--parallel", type=int, default=None, metavar="N",
-                   help="--parallel of every arm (default: streams + 1)")
+    p.add_argument("--max-running", type=int, default=None, metavar="N",
+                   help="--max-running of every arm (default: the server's default)")
     p.add_argument("--serve-flags", default="", metavar="'FLAGS'",
                    help="more `fairtick serve` flags for every arm, e.g. '--model PATH'")
     p.add_argument("--alone-per-arm", action="store_true",
@@ -74,9 +74,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def run_arm(arm: ArmRuns, args: argparse.Namespace, out: Path) -> None:
     """Start the arm's server, measure it args.repeats times, stop it."""
-    parallel = args.parallel or args.streams + 1
-    flags = ["--policy", arm.policy, "--parallel", str(parallel), "--prefill-chunk-size",
-             str(args.chunk), *shlex.split(args.serve_flags), *arm.flags]
+    running = ["--max-running", str(args.max_running)] if args.max_running else []
+    flags = ["--policy", arm.policy, *running, "--prefill-chunk-size", str(args.chunk),
+             *shlex.split(args.serve_flags), *arm.flags]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in arm.label)
     try:
         server = start_server(flags, out / f"serve-{safe}.log")

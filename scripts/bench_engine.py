@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_engine.py [--batches 4,8,32] [--tokens 96]
 
-For each batch size B: B requests start together on an engine with --parallel B; the engine's
+For each batch size B: B requests start together on an engine with --max-running B; the engine's
 steady-state decode rate is the tokens produced while all B decode, per second. The same run
 measures a bare batched greedy decode loop over mlx-lm's BatchKVCache on the same model and
 batch. The ratio engine/bare is printed (goal >= 0.9). Then, at 8 and 64 sequences, the time
@@ -29,7 +29,7 @@ from tests.runtime.engine_harness import Collector, submit  # noqa: E402
 
 def engine_run(bundle: ModelBundle, batch: int, tokens: int, policy: str) -> tuple[float, float]:
     """(decode tokens/s while all `batch` decode, scheduler share of tick time)."""
-    engine = Engine(EngineConfig(parallel=batch, prefill_chunk_size=512, policy=policy), bundle)
+    engine = Engine(EngineConfig(max_running=batch, prefill_chunk_size=512, policy=policy), bundle)
     engine.start()
     got = Collector()
     ids = [f"r{i}" for i in range(batch)]

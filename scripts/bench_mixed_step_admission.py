@@ -7,7 +7,7 @@ quiet and admission windows with the p95 inflation, and the scheduler counter de
 Exit 0 with the report; 2 with "NOT COMPARABLE: <reason>" when the latencies cannot be
 attributed to the admission; 1 when the server cannot be used.
 
-    .venv/bin/fairtick serve --policy mixed_step --parallel 5 --port 8000 &
+    .venv/bin/fairtick serve --policy mixed_step --max-running 5 --port 8000 &
     .venv/bin/python scripts/bench_mixed_step_admission.py --url http://127.0.0.1:8000
 """
 

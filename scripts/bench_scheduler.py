@@ -14,19 +14,21 @@ import time
 
 from statemachine.scheduler import Scheduler
 from statemachine.tick import make_policy
+from statemachine.world import Layout
 
 DECODE_STEP_S = 0.004  # one batched decode step of the built-in model on 2 cores
 
 
 def per_tick_us(policy_name: str, num_seqs: int, ticks: int) -> float:
-    sched = Scheduler(make_policy(policy_name), num_slots=num_seqs, chunk_size=512)
+    sched = Scheduler(make_policy(policy_name), Layout(max_running=num_seqs, chunk_size=512,
+                                                       kv_budget=num_seqs * 20_000))
     next_id = 0
 
     def top_up() -> None:
         nonlocal next_id
         while len(sched.sequences()) < num_seqs:
             long_prompt = next_id % 4 == 0
-            sched.submit(next_id, 512 * 19 if long_prompt else 64)
+            sched.submit(next_id, 512 * 19 if long_prompt else 64, 4096)
             next_id += 1
 
     top_up()

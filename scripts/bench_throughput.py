@@ -1,7 +1,7 @@
 """Steady decode tokens/s of `fairtick serve` against mlx_lm.server and a bare mlx-lm loop.
 
     .venv/bin/python scripts/bench_throughput.py [--streams 4,16] [--rounds 2]
-        [--warmup-s 8] [--window-s 20] [--fairtick-flags "--parallel 16"]
+        [--warmup-s 8] [--window-s 20] [--fairtick-flags "--max-running 16"]
         [--mlx-lm-blas shipped|same] [--json FILE]
 
 For each stream count S, `fairtick serve` (default flags, or --fairtick-flags) and

@@ -54,7 +54,7 @@ def prompt(length: int, seed: int) -> list[int]:
 
 def run(bundle: ModelBundle, streams: int, prompt_tokens: int, quiet_ticks: int,
         policy: str) -> dict[str, Any]:
-    engine = Engine(EngineConfig(parallel=streams + 1, policy=policy, max_waiting=streams + 1),
+    engine = Engine(EngineConfig(max_running=streams + 1, policy=policy, max_waiting=streams + 1),
                     bundle)
     engine.start()
     got, ids = Collector(), [f"s{i}" for i in range(streams)]

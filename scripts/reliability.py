@@ -11,7 +11,7 @@ Phases (all by default; `--phases` picks some):
   its start (with --pid), and a normal request is exactly what it was before the storm.
 - fuzz: Hypothesis generates malformed and edge-case requests; every answer must be a 2xx or an
   OpenAI-style JSON 4xx, never a 5xx, reset or hang; /health stays ok.
-- overload: far more simultaneous requests than slots + --max-waiting; every one must be a
+- overload: far more simultaneous requests than --max-running + --max-waiting; every one must be a
   completion or a 429 with Retry-After.
 
 The built-in model emits one printable character per token and never EOS, so a stream's text

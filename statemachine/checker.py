@@ -84,7 +84,7 @@ class CheckLayout:
 
 
 STREAMS = CheckLayout()
-MEMORY = CheckLayout(max_tokens=2, kv_budget=8)
+MEMORY = CheckLayout(max_seqs=4, max_chunks=2, max_running=3, max_tokens=2, kv_budget=5)
 
 
 @dataclass

@@ -10,6 +10,7 @@ checker cannot check exactly (with the reason), or --time-limit ran out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import TextIO
@@ -35,12 +36,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=("streams", "memory", "both"), default="both",
                    help="streams: decoding may go on forever, KV unlimited; memory: a KV "
                    "budget and a finite max_tokens (default: both)")
-    p.add_argument("--max-seqs", type=int, default=STREAMS.max_seqs,
-                   help=f"live sequences at most ({STREAMS.max_seqs})")
-    p.add_argument("--max-chunks", type=int, default=STREAMS.max_chunks,
-                   help=f"prompt chunks at most ({STREAMS.max_chunks})")
-    p.add_argument("--max-running", type=int, default=STREAMS.max_running,
-                   help=f"sequences holding KV at once ({STREAMS.max_running})")
+    for name, help_text in (("max_seqs", "live sequences at most"),
+                            ("max_chunks", "prompt chunks at most"),
+                            ("max_running", "sequences holding KV at once")):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"{help_text} (streams {getattr(STREAMS, name)}, memory "
+                       f"{getattr(MEMORY, name)})")
     p.add_argument("--max-tokens", type=int, default=MEMORY.max_tokens,
                    help=f"memory layout: the largest max_tokens ({MEMORY.max_tokens})")
     p.add_argument("--kv-budget", type=int, default=MEMORY.kv_budget,
@@ -61,13 +62,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 def layouts(args: argparse.Namespace) -> list[CheckLayout]:
     """The layouts `args` asks for."""
-    sizes = {"max_seqs": args.max_seqs, "max_chunks": args.max_chunks,
-             "max_running": args.max_running}
+    given = {k: v for k, v in (("max_seqs", args.max_seqs), ("max_chunks", args.max_chunks),
+                               ("max_running", args.max_running)) if v is not None}
     out = []
     if args.layout in ("streams", "both"):
-        out.append(CheckLayout(**sizes))
+        out.append(dataclasses.replace(STREAMS, **given))
     if args.layout in ("memory", "both"):
-        out.append(CheckLayout(**sizes, max_tokens=args.max_tokens, kv_budget=args.kv_budget))
+        out.append(dataclasses.replace(MEMORY, **given, max_tokens=args.max_tokens,
+                                       kv_budget=args.kv_budget))
     return out
 
 

@@ -32,6 +32,7 @@ from statemachine.world import (
     Layout,
     Outcome,
     Plan,
+    Seq,
     World,
     admissible,
     begin_tick,
@@ -57,9 +58,8 @@ class Scheduler:
         self.trace = trace if trace is not None else TraceLog()
         self.check, self.clock, self.horizon = check, clock, horizon
         self.tick = 0
-        self.streak = 0
-        self.dwait = 0
-        self._live: dict[int, SeqModel] = {}  # arrival order
+        self._world = World()  # the records, in arrival order; the models hold the states
+        self._live: dict[int, SeqModel] = {}
         self._most = {"seqs": 1, "chunks": 1, "tokens": 1, "grants": 1, "max_tokens": 0,
                       "unlimited": 0}
         self._bounds: dict[tuple[int, ...], Bounds] = {}
@@ -76,9 +76,11 @@ class Scheduler:
         problem = admissible(prompt_tokens, max_tokens, self.layout.kv_budget)
         if problem is not None:
             raise ValueError(problem)
-        model = SeqModel(new_seq(seq_id, prompt_tokens, max_tokens))
+        rec = new_seq(seq_id, prompt_tokens, max_tokens)
+        model = SeqModel(rec)
         self.machine.add_model(model, initial=self.lifecycle.initial)
         self._live[seq_id] = model
+        self._world = self._world._replace(seqs=(*self._world.seqs, rec))
         chunks = -(-prompt_tokens // self.layout.chunk_size)
         for key, value in (("seqs", len(self._live)), ("chunks", chunks),
                            ("tokens", prompt_tokens), ("max_tokens", max_tokens or 0),
@@ -98,20 +100,20 @@ class Scheduler:
     def schedule(self, budget: Budget | None = None) -> Plan:
         """Make room, admit, decide, grant. The caller runs the plan, then calls `complete`.
         `budget` gives the prefill tokens that fit this tick's latency target."""
-        plan = begin_tick(self.world(), self.policy, self.lifecycle, self.layout, budget)
-        self._apply(plan.world, plan.events)
+        plan = begin_tick(self._world, self.policy, self.lifecycle, self.layout, budget)
+        self._world = plan.world
+        self._apply(plan.events)
         if self.check:
             self._raise(check_decision(plan.state, plan.decision))
         return plan
 
     def complete(self, plan: Plan, finished: Collection[int] = ()) -> Outcome:
         """Apply the outcome of `plan`, then finish the sequences in `finished`."""
-        live = {s.seq_id for s in plan.world.seqs if s.seq_id in self._live}
-        world = plan.world._replace(seqs=tuple(s for s in plan.world.seqs if s.seq_id in live))
-        outcome = end_tick(Plan(world, plan.state, plan.decision, plan.prefills, plan.decode,
-                                plan.events), self.lifecycle)
-        self._apply(outcome.world, outcome.events)
-        self.streak, self.dwait = outcome.world.streak, outcome.world.dwait
+        # Sequences that left since `schedule` (an abort, a failure) are gone from the world.
+        outcome = end_tick(Plan(self._world, plan.state, plan.decision, plan.prefills,
+                                plan.decode, plan.events), self.lifecycle)
+        self._world = outcome.world
+        self._apply(outcome.events)
         for _, _, grants in outcome.completed:
             self._most["grants"] = max(self._most["grants"], grants)
         self.tick += 1
@@ -126,10 +128,13 @@ class Scheduler:
 
     # -- derived views ---------------------------------------------------------------------
     def world(self) -> World:
-        """The sequences as records, each role read from its model's state."""
-        role_of = self.lifecycle.role_of
-        return World(tuple(m.rec._replace(role=role_of[m.state]) for m in self._live.values()),
-                     self.streak, self.dwait)
+        """The sequences as records, in arrival order. Each record's role is its model's state:
+        every change fires the model's trigger, and the Machine must agree (checked)."""
+        return self._world
+
+    def record(self, seq_id: int) -> Seq | None:
+        """The sequence's token counts and counters."""
+        return next((s for s in self._world.seqs if s.seq_id == seq_id), None)
 
     def tick_state(self) -> TickState:
         """The snapshot a policy would decide on now (before admission)."""
@@ -166,32 +171,33 @@ class Scheduler:
     def _leave(self, seq_id: int, trigger: Trigger, tick: int | None = None) -> bool:
         if seq_id not in self._live:
             return False
-        world, event = leave(self.world(), seq_id, trigger, self.lifecycle)
-        self._apply(world, (event,), tick)
-        if not any(self.lifecycle.role_of[m.state] is Role.DECODING
-                   for m in self._live.values()):
-            self.dwait = 0
+        self._world, event = leave(self._world, seq_id, trigger, self.lifecycle)
+        self._apply((event,), tick)
         return True
 
-    def _apply(self, world: World, events: Collection[Event], tick: int | None = None) -> None:
-        # Fire each event's trigger on its model (the Machine checks the edge), then take the
-        # step function's records: the model's state and the record must agree.
-        recs = {s.seq_id: s for s in world.seqs}
+    def _apply(self, events: Collection[Event], tick: int | None = None) -> None:
+        # Fire each event's trigger on its model: the Machine refuses an edge the spec does not
+        # declare, and must land where the step function did.
         for e in events:
             model = self._live[e.seq_id]
             model.rec = e.rec  # what the edge's guards read
             src = model.state
             model.trigger(e.trigger.value)
             role = self.lifecycle.role_of[model.state]
-            assert role is e.dst, f"the machine moved seq {e.seq_id} to {role}, not {e.dst}"
+            if role is not e.dst:
+                raise AssertionError(f"the machine moved seq {e.seq_id} to {role}, the step "
+                                     f"function to {e.dst}")
             self.trace.record(TraceEvent(self.tick if tick is None else tick, e.seq_id, src,
                                          model.state, e.trigger.value, e.rule, self.clock()))
             if role.terminal:
                 self.machine.remove_model(model)
                 del self._live[e.seq_id]
-        for seq_id, rec in recs.items():
-            if seq_id in self._live:
-                self._live[seq_id].rec = rec
+        if self.check:
+            for rec in self._world.seqs:
+                state = self._live[rec.seq_id].state
+                if self.lifecycle.role_of[state] is not rec.role:
+                    raise AssertionError(f"seq {rec.seq_id} is {state!r} in the machine but "
+                                         f"{rec.role.word} in the step function")
 
     def _raise(self, violations: list[Violation]) -> None:
         if violations:

@@ -8,9 +8,9 @@ from statemachine.world import Seq
 
 
 class SeqModel:
-    """A `transitions` model. Its `state` (set by the shared Machine) is the only record of where
-    the sequence is; `rec` holds its token counts and counters, replaced as the step function
-    computes them (its `role` field is rewritten from `state` before every step).
+    """A `transitions` model. Its `state` (set by the shared Machine) is the record of where the
+    sequence is; `rec` is the step function's record its guards read, set before each trigger
+    (the scheduler keeps the current records, and checks they agree with the states).
 
     A plain class on purpose: the Machine keys models by identity, and a dataclass with value
     equality would let two equal sequences be merged.

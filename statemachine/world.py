@@ -162,16 +162,20 @@ def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
     tick's latency target; it is asked only in a contended tick of a policy that has one.
     `decide` is `decide_tick` (the checker passes it remembered)."""
     seqs, events = list(world.seqs), list[Event]()
-    kv_full = policy.spec.kv_full
-    if layout.kv_budget is not None and kv_full != "queue":
-        _make_room(seqs, kv_full, layout.kv_budget, life, events)
-    _admit(seqs, kv_full, layout, life, events)
+    kv_full, budget_kv = policy.spec.kv_full, layout.kv_budget
+    counts, committed = _census(seqs, kv_full)
+    waiting = counts[Role.QUEUED] + counts[Role.PREEMPTED]
+    if budget_kv is not None and kv_full != "queue" and \
+            (committed + counts[Role.DECODING] > budget_kv or counts[Role.PAUSED]):
+        _make_room(seqs, kv_full, budget_kv, life, events)
+    if waiting:
+        _admit(seqs, kv_full, layout, life, events)
     state = tick_state(seqs, world, layout)
     if budget is not None and state.parked and state.num_decoding and \
             policy.spec.tick_budget_ms is not None:
         state = state._replace(budget_tokens=budget(state))
     decision = decide(state, policy)
-    where = {s.seq_id: i for i, s in enumerate(seqs)}
+    where = {s.seq_id: i for i, s in enumerate(seqs)} if decision.granted else {}
     prefills = []
     for seq_id in decision.granted:
         s = seqs[where[seq_id]]
@@ -187,38 +191,38 @@ def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
 
 def end_tick(plan: Plan, life: Lifecycle) -> Outcome:
     """Apply what `plan` ran (sequences that left since `begin_tick` are skipped)."""
-    seqs, events = list(plan.world.seqs), list[Event]()
-    where = {s.seq_id: i for i, s in enumerate(seqs)}
     decision, rule = plan.decision, plan.decision.rule
-    granted = set(decision.granted)
-    completed, first_grants = [], []
-    for work in plan.prefills:
-        if work.seq_id in where:
-            i = where[work.seq_id]
-            s = seqs[i]
-            _fire(seqs, i, Trigger.CHUNK_DONE, rule, life, events,
-                  prefilled=s.prefilled + work.num_tokens)
-            if seqs[i].role is Role.DECODING:  # the prompt is in: its logits gave a token
-                seqs[i] = seqs[i]._replace(generated=s.generated + 1)
+    slices = {w.seq_id: w.num_tokens for w in plan.prefills}
+    decoded = set(plan.decode)
+    parked = {p.seq_id for p in plan.state.parked}
+    num_granted = len(decision.granted)
+    seqs, events = list[Seq](), list[Event]()
+    completed, first_grants, done_ids = [], [], []
+    for s in plan.world.seqs:  # one pass: this runs for every sequence of every tick
+        role, generated = s.role, s.generated
+        if s.seq_id in slices:
+            done = s._replace(prefilled=s.prefilled + slices[s.seq_id])
+            role = life.move(role, Trigger.CHUNK_DONE, done)
+            events.append(Event(s.seq_id, Trigger.CHUNK_DONE, s.role, role, rule, done))
+            if role is Role.DECODING:  # the prompt is in: its logits gave a token
+                generated += 1
                 if s.generated == 0:
                     completed.append((s.seq_id, s.age + 1, s.grants))
             if s.grants == 1:
                 first_grants.append((s.seq_id, s.age + 1))
-    for seq_id in plan.decode:
-        k = where.get(seq_id)
-        if k is not None and seqs[k].role is Role.DECODING:
-            seqs[k] = seqs[k]._replace(generated=seqs[k].generated + 1)
-    parked = {p.seq_id for p in plan.state.parked}
-    for i, s in enumerate(seqs):
-        seqs[i] = _count(s, s.seq_id in parked, s.seq_id in granted, len(granted))
+            s = done
+        elif s.seq_id in decoded and role is Role.DECODING:
+            generated += 1
+        if role is Role.DECODING and s.max_tokens is not None and generated >= s.max_tokens:
+            done_ids.append(s.seq_id)  # it has all the tokens it may have
+        seqs.append(_count(s, role, generated, s.seq_id in parked, s.seq_id in slices,
+                           num_granted))
     stalled = plan.state.num_decoding > 0 and not decision.decodes
     after = World(tuple(seqs), decision.memory.decode_streak,
                   plan.world.dwait + 1 if stalled else 0)
-    for s in after.seqs:
-        if s.role is Role.DECODING and s.max_tokens is not None and \
-                s.generated >= s.max_tokens:
-            after, event = leave(after, s.seq_id, Trigger.FINISH, life, rule)
-            events.append(event)
+    for seq_id in done_ids:
+        after, event = leave(after, seq_id, Trigger.FINISH, life, rule)
+        events.append(event)
     return Outcome(after, tuple(events), tuple(completed), tuple(first_grants))
 
 
@@ -264,19 +268,30 @@ def _fire(seqs: list[Seq], i: int, trigger: Trigger, rule: str, life: Lifecycle,
     seqs[i] = s._replace(role=dst)
 
 
-def _count(s: Seq, was_parked: bool, was_granted: bool, num_granted: int) -> Seq:
-    # Positional construction: this runs for every sequence of every explored tick.
+def _count(s: Seq, role: Role, generated: int, was_parked: bool, was_granted: bool,
+           num_granted: int) -> Seq:
+    # Positional construction: this runs for every sequence of every tick.
     wait, overtaken, queue, age = s[7], s[8], s[9], s[10]
     if was_granted:
         wait, overtaken = 0, 0
     elif was_parked:
         wait, overtaken = wait + 1, overtaken + num_granted
-    elif s[1] is Role.QUEUED or s[1] is Role.PREEMPTED:
+    elif role is Role.QUEUED or role is Role.PREEMPTED:
         queue += 1
-    if s[6] == 0:
+    if generated == 0:
         age += 1
-    return Seq(s[0], s[1], s[2], s[3], s[4], s[5], s[6], wait, overtaken, queue, age, s[11],
+    return Seq(s[0], role, s[2], s[3], s[4], s[5], generated, wait, overtaken, queue, age, s[11],
                s[12], s[13])
+
+
+def _census(seqs: list[Seq], kv_full: str) -> tuple[list[int], int]:
+    # How many sequences have each role, and the KV tokens those holding KV have reserved.
+    counts, committed = [0] * len(Role), 0
+    for s in seqs:
+        counts[s.role] += 1
+        if s.role in KV_ROLES:
+            committed += s.kv_reserved(kv_full)
+    return counts, committed
 
 
 def _committed(seqs: list[Seq], kv_full: str) -> int:
@@ -340,12 +355,12 @@ def _drop(seqs: list[Seq], i: int, life: Lifecycle, events: list[Event]) -> None
 def _admit(seqs: list[Seq], kv_full: str, layout: Layout, life: Lifecycle,
            events: list[Event]) -> None:
     # Arrival order (a preempted sequence keeps its place); the head blocks those behind it.
-    if any(s.role is Role.PAUSED for s in seqs):
-        return  # paused sequences are older than anything queued: room goes to them first
-    running = sum(s.role in KV_ROLES for s in seqs)
-    decoding = sum(s.role is Role.DECODING for s in seqs) if kv_full != "queue" else 0
     budget = layout.kv_budget
-    committed = _committed(seqs, kv_full) if budget is not None else 0
+    counts, committed = _census(seqs, kv_full)
+    if counts[Role.PAUSED]:
+        return  # paused ones are older than anything queued: room goes to them first
+    running = sum(counts[r] for r in KV_ROLES)
+    decoding = counts[Role.DECODING] if kv_full != "queue" else 0
     for i, s in enumerate(seqs):
         if s.role not in (Role.QUEUED, Role.PREEMPTED):
             continue

@@ -59,7 +59,7 @@ class AdmissionResult:
 
     policy: str
     params: dict[str, Any]
-    slots: int
+    max_running: int
     chunk_tokens: int
     streams: int
     prompt_tokens: int
@@ -91,9 +91,10 @@ def run_admission(cfg: AdmissionConfig) -> AdmissionResult:
     """Measure once; NotComparable when attribution fails."""
     deadline = time.monotonic() + cfg.timeout_s
     state = get_json(cfg.url, "/debug/state")
-    if state["slots"] < cfg.streams + 1:
-        raise NotComparable(f"the server has {state['slots']} slots: {cfg.streams} streams and "
-                            f"the prompt need {cfg.streams + 1} (--parallel)")
+    if state["max_running"] < cfg.streams + 1:
+        raise NotComparable(f"the server runs at most {state['max_running']} sequences: "
+                            f"{cfg.streams} streams and the prompt need {cfg.streams + 1} "
+                            "(--max-running)")
     missing = [c for c in COUNTERS if c not in get_metrics(cfg.url)]
     if missing:
         raise NotComparable(f"missing counters in /metrics: {', '.join(missing)}")
@@ -221,7 +222,7 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
     ttft_s = run.t_first - run.t_admit
     quiet_s = quiet_w.end_s - quiet_w.start_s
     return AdmissionResult(
-        policy=state["policy"], params=state["params"], slots=state["slots"],
+        policy=state["policy"], params=state["params"], max_running=state["max_running"],
         chunk_tokens=state["prefill_chunk_size"], streams=cfg.streams,
         prompt_tokens=cfg.prompt_tokens, ttft_s=ttft_s, ttft_alone_s=alone_s,
         ttft_ratio=ratio(ttft_s, alone_s), quiet=[GapStats.of(g) for g in quiet],

@@ -34,7 +34,7 @@ def format_run(r: AdmissionResult) -> str:
     params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "defaults"
     q, a = r.quiet_pooled, r.admission_pooled
     lines = [f"policy {r.policy} ({params}); {r.streams} streams; prompt {r.prompt_tokens} "
-             f"tokens; chunk {r.chunk_tokens}; {r.slots} slots", "",
+             f"tokens; chunk {r.chunk_tokens}; {r.max_running} running", "",
              "| metric | value |", "|---|---|",
              f"| TTFT admitted | {_num(r.ttft_s)} s |",
              f"| TTFT alone (idle server) | {_num(r.ttft_alone_s)} s |",

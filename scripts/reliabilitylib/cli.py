@@ -21,7 +21,7 @@ PHASES: dict[str, Callable[[Target, argparse.Namespace], PhaseResult]] = {
 
 
 def discover(args: argparse.Namespace) -> Target:
-    """The server at --url, its model, slots, queue and chunk size read from it."""
+    """The server at --url, its model, running limit, queue and chunk size read from it."""
     probe = Target(args.url, "", 0, 0, 0, 0, args.pid, args.timeout_s)
     card = probe.get_json("/v1/models")["data"][0]
     state = probe.get_json("/debug/state")
@@ -30,7 +30,7 @@ def discover(args: argparse.Namespace) -> Target:
         raise ValueError("the server does not report its waiting queue: give --max-waiting")
     return dataclasses.replace(
         probe, model=card["id"], context_length=int(card["max_model_len"]),
-        slots=int(state["slots"]), max_waiting=int(max_waiting),
+        max_running=int(state["max_running"]), max_waiting=int(max_waiting),
         chunk_size=int(state["prefill_chunk_size"]))
 
 
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
                    help="largest RSS growth over the storm that passes")
     p.add_argument("--fuzz-examples", type=int, default=300)
     p.add_argument("--overload-requests", type=int, default=0,
-                   help="0: 4 x (slots + max_waiting)")
+                   help="0: 4 x (max_running + max_waiting)")
     p.add_argument("--overload-tokens", type=int, default=8)
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="per request: a request not answered within it is a hang")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
     except (OSError, http.client.HTTPException, ServerError, ValueError, KeyError) as exc:
         print(f"reliability: cannot use the server at {args.url}: {exc}", file=sys.stderr)
         return 2
-    print(f"# fairtick reliability: {args.url} ({t.model}, {t.slots} slots, max_waiting "
+    print(f"# fairtick reliability: {args.url} ({t.model}, {t.max_running} running, max_waiting "
           f"{t.max_waiting}, chunk {t.chunk_size}, context {t.context_length})")
     results = []
     for name in names:

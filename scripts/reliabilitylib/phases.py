@@ -153,9 +153,9 @@ def overload_one(t: Target, ref: Reference, max_tokens: int,
 
 
 def run_overload(t: Target, args: argparse.Namespace) -> PhaseResult:
-    """Far more simultaneous requests than slots + max_waiting: each completes exactly or gets
+    """Far more simultaneous requests than max_running + max_waiting: each completes exactly or gets
     a 429 with Retry-After."""
-    n = args.overload_requests or 4 * (t.slots + t.max_waiting)
+    n = args.overload_requests or 4 * (t.max_running + t.max_waiting)
     ref = reference(t, "overload", args.overload_tokens)
     wait_drained(t, 30)
     barrier = threading.Barrier(n, timeout=60)
@@ -167,7 +167,8 @@ def run_overload(t: Target, args: argparse.Namespace) -> PhaseResult:
     left = wait_drained(t, 60)
     kinds = Counter(kind for kind, _ in outcomes)
     refused = sorted(took for kind, took in outcomes if kind.startswith("429"))
-    rows = [("simultaneous requests", n), ("slots + max_waiting", t.slots + t.max_waiting)]
+    rows = [("simultaneous requests", n),
+            ("max_running + max_waiting", t.max_running + t.max_waiting)]
     rows += [(f"answered: {kind}", count) for kind, count in sorted(kinds.items())]
     if refused:
         rows.append(("429 answered within (p50 / max)",

@@ -21,7 +21,7 @@ class Target:
     url: str
     model: str
     context_length: int
-    slots: int
+    max_running: int
     max_waiting: int
     chunk_size: int
     pid: int | None
@@ -71,7 +71,7 @@ def leftovers(t: Target) -> dict[str, float]:
     left["live sequences"] = len(state.get("sequences", []))
     admission = state.get("admission", {})
     left["queued (admission)"] = admission.get("queued", 0)
-    left["KV tokens reserved"] = admission.get("kv_tokens_reserved", 0)
+    left["KV tokens cached"] = state.get("kv", {}).get("cached_tokens", 0)
     left["cached sequences"] = state.get("memory", {}).get("cached_sequences", 0)
     return left
 

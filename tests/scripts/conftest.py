@@ -1,4 +1,4 @@
-"""The benchmark scripts' tests: one real `fairtick serve` (mixed_step, 5 slots, 16-token
+"""The benchmark scripts' tests: one real `fairtick serve` (mixed_step, 5 running, 16-token
 chunks) per module, started like the e2e tests start theirs; `benchlib` importable."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.e2e.conftest import LiveServer, start_server, stop_server
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 
-SERVE_FLAGS = ("--policy", "mixed_step", "--parallel", "5", "--prefill-chunk-size", "16")
+SERVE_FLAGS = ("--policy", "mixed_step", "--max-running", "5", "--prefill-chunk-size", "16")
 # A layout small enough for 2 cores: 200-token prompt (13 chunks), half a second of quiet.
 SMALL = ["--prompt-tokens", "200", "--settle-s", "0.5", "--stream-tokens", "3000",
          "--timeout-s", "60"]

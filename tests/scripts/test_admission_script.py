@@ -57,7 +57,8 @@ def test_refuses_when_no_slot_is_left_for_the_prompt(mixed_server):
     assert done.returncode == 2
     assert json.loads(done.stdout) == {
         "comparable": False,
-        "reason": "the server has 5 slots: 5 streams and the prompt need 6 (--parallel)"}
+        "reason": "the server runs at most 5 sequences: 5 streams and the prompt need 6 "
+                  "(--max-running)"}
 
 
 def test_unreachable_server_is_an_error_not_a_verdict():

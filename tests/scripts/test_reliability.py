@@ -1,4 +1,4 @@
-"""scripts/reliability.py, small: every phase against a real `fairtick serve` (4 slots, a queue
+"""scripts/reliability.py, small: every phase against a real `fairtick serve` (4 running, a queue
 of 8, 32-token chunks), and the script's own judgement of streams and answers."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.e2e.conftest import LiveServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "reliability.py"
-FLAGS = ("--parallel", "4", "--max-waiting", "8", "--prefill-chunk-size", "32")
+FLAGS = ("--max-running", "4", "--max-waiting", "8", "--prefill-chunk-size", "32")
 SMALL = ["--load-streams", "24", "--load-tokens", "16", "--storm-streams", "60",
          "--storm-tokens", "16", "--fuzz-examples", "150", "--timeout-s", "60"]
 
@@ -56,7 +56,7 @@ def test_every_phase_passes_against_the_real_server(served, tmp_path):
     assert storm["normal request after the storm"] == "exact"
     assert all(storm[f"after: {name}"] in ("0", "0.0") for name in (
         "fairtick_requests_running", "fairtick_requests_waiting", "live sequences",
-        "KV tokens reserved", "cached sequences"))
+        "KV tokens cached", "cached sequences"))
     assert "MiB" in storm["server RSS start -> end"]
 
     fuzz = rows(report, "fuzz")
@@ -66,9 +66,9 @@ def test_every_phase_passes_against_the_real_server(served, tmp_path):
 
     overload = rows(report, "overload")
     total = int(overload["simultaneous requests"])
-    state = served.state()  # what the server holds at once: slots and its waiting queue
-    capacity = state["slots"] + state["admission"]["max_waiting"]
-    assert int(overload["slots + max_waiting"]) == capacity
+    state = served.state()  # what the server holds at once: running and its waiting queue
+    capacity = state["max_running"] + state["admission"]["max_waiting"]
+    assert int(overload["max_running + max_waiting"]) == capacity
     assert total > capacity, "the phase must send more than the server can hold"
     assert int(overload["answered: completed"]) >= 1
     assert int(overload["answered: 429 with Retry-After"]) >= 1

@@ -54,9 +54,10 @@ def test_a_missing_arm_gives_an_undefined_ratio_not_an_error():
 
 
 def test_options_are_parsed_and_checked(capsys):
-    args = parse_args(["--streams", "4,16", "--fairtick-flags", "--parallel 16 --policy deadline"])
+    args = parse_args(["--streams", "4,16", "--fairtick-flags",
+                       "--max-running 16 --policy deadline"])
     assert args.streams == [4, 16]
-    assert args.fairtick_flags == ["--parallel", "16", "--policy", "deadline"]
+    assert args.fairtick_flags == ["--max-running", "16", "--policy", "deadline"]
     for bad, named in ((["--streams", "4,x"], "--streams"), (["--streams", "0"], "--streams"),
                        (["--window-s", "0"], "--window-s"), (["--rounds", "0"], "--rounds")):
         with pytest.raises(SystemExit) as exc:

@@ -180,7 +180,8 @@ def test_legitimate_divisions_load(tmp_path):
                                "grants: max(1, max_running // 2)")
     text = text.replace(RULE_WHEN, "when: decode_streak >= 10 // every + chunk_size // max_running"
                         " + num_waiting // (num_parked + 1)")
-    text = text.replace("overtakes: max_running", "overtakes: (2 * max_running) // (max_running * chunks)")
+    text = text.replace("overtakes: max_running",
+                        "overtakes: (2 * max_running) // (max_running * chunks)")
     spec = load_policy(write(tmp_path, text))
     assert spec.chunk_tokens({"chunk_size": 8, "num_parked": 0}) == 8
     assert spec.chunk_tokens({"chunk_size": 8, "num_parked": 3}) == 2

@@ -50,6 +50,6 @@ def test_baseline_never_grants_the_prompt():
     sched, streams, ticks = admit_into_busy_batch("baseline", max_ticks=2000)
     assert ticks == 2000 and streams
     assert sched.role(99) is Role.PARKED
-    assert sched.sequence(99).rec.prefilled == 0
+    assert sched.record(99).prefilled == 0
     assert not [e for e in sched.trace.events()
                 if e["seq"] == 99 and e["trigger"] == Trigger.GRANT.value]
