@@ -152,32 +152,30 @@ def _chunk_sizes(exprs: list[tuple[str, str]], consts: Mapping[str, int | float]
                  reads: set[str]) -> tuple[int, ...]:
     if not reads & {"chunk_size", "budget_tokens"}:
         return (1,)  # every grant is one whole chunk: a chunk of one token is exact
-    sizes = {1, 2}
-    for where, source in exprs:
-        for a, c, _ in _pairs(ast.parse(source, mode="eval")):
-            side = _constant_side(a, c, set(consts))
-            if side is not None and "chunk_size" in _names(c if side is a else a):
-                k = _value(side, consts)
-                if k + 1 > MAX_CHUNK_SIZE:
-                    raise CannotCheck(f"{where} compares chunk_size with {k}: exploring chunks "
-                                      f"of more than {MAX_CHUNK_SIZE} tokens is out of reach")
-                sizes |= {max(1, k - 1), max(1, k), k + 1}
-    return tuple(sorted(sizes))
+    found = _met(exprs, consts, "chunk_size", MAX_CHUNK_SIZE, "chunks")
+    return tuple(sorted({1, 2} | {max(1, v) for k in found for v in (k - 1, k, k + 1)}))
 
 
 def _budgets(exprs: list[tuple[str, str]], consts: Mapping[str, int | float]) -> tuple[int, ...]:
     # budget_tokens below, at and above every constant (chunk_size included) it meets.
-    values = {0}
+    found = _met(exprs, consts, "budget_tokens", MAX_BUDGET, "budgets")
+    return tuple(sorted({0} | {v for k in found for v in (k - 1, k, k + 1) if v >= 0}))
+
+
+def _met(exprs: list[tuple[str, str]], consts: Mapping[str, int | float], name: str,
+         most: int, what: str) -> set[int]:
+    # The constants `name` is compared with; one past the most the checker can explore: refuse.
+    found = set()
     for where, source in exprs:
         for a, c, _ in _pairs(ast.parse(source, mode="eval")):
             side = _constant_side(a, c, set(consts))
-            if side is not None and "budget_tokens" in _names(c if side is a else a):
+            if side is not None and name in _names(c if side is a else a):
                 k = _value(side, consts)
-                if k + 1 > MAX_BUDGET:
-                    raise CannotCheck(f"{where} compares budget_tokens with {k}: exploring "
-                                      f"budgets above {MAX_BUDGET} tokens is out of reach")
-                values |= {v for v in (k - 1, k, k + 1) if v >= 0}
-    return tuple(sorted(values))
+                if k + 1 > most:
+                    raise CannotCheck(f"{where} compares {name} with {k}: exploring {what} "
+                                      f"of more than {most} tokens is out of reach")
+                found.add(k)
+    return found
 
 
 def _thresholds(exprs: list[tuple[str, str]],

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statemachine.abstraction import MAX_CHUNK_SIZE, Abstraction, analyse
+from statemachine.canonical import SOME, Canon, Key
 from statemachine.invariants import (
     Bounds,
     ClaimConfig,
@@ -49,8 +50,6 @@ from statemachine.world import (
 Label = tuple[Any, ...]  # ("arrive", tokens, max_tokens, observed) | ("abort", i) |
 # ("finish", i) | ("tick", budget or None, granted seqs whose slice ends their prompt);
 # indices are positions in the canonical order
-Key = tuple[Any, ...]
-SOME = 1 << 20  # prompt tokens left when progress is not tracked: more than any slice
 
 
 @dataclass(frozen=True)
@@ -138,6 +137,9 @@ class Checker:
             (a.overtaken_cap, a.queue_cap, a.preemptions_cap, a.age_cap, a.grants_cap)))
         # Without preemption, only arrival order within the parked and the queued matters.
         self.grouped = reduce and (layout.kv_budget is None or policy.spec.kv_full == "queue")
+        self.canon = Canon(self.abs, layout.kv_budget, layout.max_tokens, self.grouped, reduce)
+        self.key, self.decode, self.order = self.canon.key, self.canon.decode, self.canon.order
+        self.visible_key = self.canon.visible_key
         self._decisions: dict[TickState, Decision] = {}
 
     def claim_config(self, chunk: int) -> ClaimConfig:
@@ -243,7 +245,7 @@ class Checker:
 
     @functools.cache  # noqa: B019 - one checker per policy and layout, a handful of keys
     def _arrival_keys(self, chunk: int, observing: bool) -> list[tuple[Label, Key]]:
-        return [(label, self._seq_key(self.arrival(0, label)))
+        return [(label, self.canon.seq_key(self.arrival(0, label)))
                 for label in self.arrivals(chunk, observing)]
 
     def arrivals(self, chunk: int, observing: bool) -> Iterator[Label]:
@@ -305,10 +307,15 @@ class Checker:
             trigger = Trigger.ABORT if kind == "abort" else Trigger.FINISH
             return leave(world, world.seqs[label[1]].seq_id, trigger, self.lifecycle)[0], []
         assert kind == "tick", label
+        return self.tick(world, label, layout)[1:]
+
+    def tick(self, world: World, label: Label,
+             layout: Layout) -> tuple[Plan, World, list[Violation]]:
+        """A tick label's plan, the world after it, and what it violated."""
         _, budget, done = label
         plan = begin_tick(world, self.policy, self.lifecycle, layout, self._give(budget),
                           self._decide)
-        return self._end(plan, done, layout)
+        return (plan, *self._end(plan, done, layout))
 
     @staticmethod
     def _give(budget: int | None) -> Callable[[TickState], int] | None:
@@ -333,120 +340,3 @@ class Checker:
         if decision is None:
             decision = self._decisions[state] = decide_tick(state, policy)
         return decision
-
-    # -- canonical form --------------------------------------------------------------------------
-    def key(self, world: World) -> Key:
-        """The canonical, hashable form of a world: counters capped or dropped as the
-        abstraction allows, sequences renumbered (and grouped where order cannot matter)."""
-        recs = [self._seq_key(s) for s in world.seqs]
-        order = self.order(world, recs)
-        if self.abs.rank_waits:
-            self._rank(world, recs, order)
-        return (min(world.streak, self.abs.streak_cap), min(world.dwait, self.abs.dwait_cap),
-                *(recs[i] for i in order))
-
-    def _rank(self, world: World, recs: list[tuple[int, ...]], order: list[int]) -> None:
-        # The policy sees parked waits only through their order: an unobserved prompt's wait
-        # becomes the smallest value with the same order (ties included) relative to the
-        # others and to the observed prompt's exact wait. It never exceeds the true wait
-        # where it could matter for a claim, and it grows and resets the same way.
-        parked = [i for i in order if world.seqs[i].role is Role.PARKED]
-        values = sorted({world.seqs[i].wait for i in parked}, reverse=True)
-        observed = next((i for i in parked if world.seqs[i].observed), None)
-        if observed is None:
-            synthetic = {v: len(values) - 1 - r for r, v in enumerate(values)}
-        else:
-            anchor, exact = values.index(world.seqs[observed].wait), recs[observed][7]
-            synthetic = {v: max(0, exact + anchor - r) for r, v in enumerate(values)}
-        for i in parked:
-            if i != observed:
-                r = recs[i]
-                recs[i] = (*r[:7], synthetic[world.seqs[i].wait], *r[8:])
-
-    def order(self, world: World, recs: list[tuple[int, ...]] | None = None) -> list[int]:
-        """Positions of `world.seqs` in canonical order."""
-        n = len(world.seqs)
-        if not self.grouped:
-            return list(range(n))
-        recs = recs if recs is not None else [self._seq_key(s) for s in world.seqs]
-        role = [s.role for s in world.seqs]
-        parked = [i for i in range(n) if role[i] is not Role.DECODING
-                  and role[i] is not Role.QUEUED]
-        if self.abs.sort_parked:  # stable: ties stay in arrival order
-            parked.sort(key=lambda i: -world.seqs[i].wait)
-        decoding = sorted((i for i in range(n) if role[i] is Role.DECODING),
-                          key=lambda i: recs[i])
-        return parked + decoding + [i for i in range(n) if role[i] is Role.QUEUED]
-
-    def _seq_key(self, s: Seq) -> tuple[int, ...]:
-        a, kv = self.abs, self.layout.kv_budget is not None
-        obs, role = s.observed, s.role
-        if obs and role is Role.DECODING and not a.preemptions_cap and s.generated and \
-                self.reduce:
-            obs = False  # nothing of it is left to track: let another sequence be observed
-        parked = role is Role.PARKED
-        before_first = s.generated == 0
-        return (
-            role, obs,
-            s.prompt_len if kv else 0,
-            s.max_tokens or 0,
-            s.target if kv else self._left(s),
-            s.prefilled if kv else 0,
-            s.generated if kv or self.layout.max_tokens is not None else min(s.generated, 1),
-            min(s.wait, a.wait_cap) if parked and (obs or a.wait_visible) else 0,
-            min(s.overtaken, a.overtaken_cap) if parked and obs else 0,
-            min(s.queue, a.queue_cap) if obs and role in (Role.QUEUED, Role.PREEMPTED) else 0,
-            min(s.age, a.age_cap) if obs and before_first else 0,
-            min(s.grants, a.grants_cap) if obs and before_first else 0,
-            min(s.preemptions, a.preemptions_cap) if obs else 0,
-        )
-
-    def _left(self, s: Seq) -> int:
-        left = s.target - s.prefilled
-        return left if self.abs.progress or left == 0 else SOME
-
-    @staticmethod
-    def decode(key: Key) -> World:
-        """The world a canonical key stands for (sequence ids are positions)."""
-        streak, dwait, *recs = key
-        seqs = tuple(Seq(i, r[0], r[2], r[3] or None, r[4], r[5], r[6], r[7], r[8], r[9],
-                         r[10], r[11], r[12], r[1]) for i, r in enumerate(recs))
-        return World(seqs, streak, dwait)
-
-    # -- counterexamples ---------------------------------------------------------------------
-    def stable_path(self, labels: list[Label], chunk: int) -> Iterator[PathStep]:
-        """Re-run `labels` on a world whose ids stay stable, step by step."""
-        world, layout = World(), self.run_layout(chunk)
-        arrived = 0
-        for label in labels:
-            ids = [world.seqs[i].seq_id for i in self.order(world)]
-            plan = None
-            if label[0] == "arrive":  # ids never come back, even when the newest has left
-                after = world._replace(seqs=(*world.seqs, self.arrival(arrived, label)))
-                arrived += 1
-            elif label[0] in ("abort", "finish"):
-                pos = [s.seq_id for s in world.seqs].index(ids[label[1]])
-                after = self.apply(world, (label[0], pos), layout)[0]
-            elif label[0] == "tick":
-                plan = begin_tick(world, self.policy, self.lifecycle, layout,
-                                  self._give(label[1]), self._decide)
-                after = self._end(plan, label[2], layout)[0]
-            yield PathStep(label, world, after, ids, plan)
-            world = after
-
-    def visible_key(self, world: World) -> Key:
-        """What the policy can see of `world` (no observed sequence's claim counters)."""
-        return self.key(world._replace(seqs=tuple(s._replace(observed=False)
-                                                  for s in world.seqs)))
-
-
-@dataclass(frozen=True)
-class PathStep:
-    """One step of a counterexample with stable ids: the label, the worlds around it, the
-    stable ids its positions refer to, and the tick's plan."""
-
-    label: Label
-    before: World
-    after: World
-    ids: list[int]
-    plan: Plan | None

@@ -10,14 +10,47 @@ never a counterexample.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.checker import SOME, Checker, Label, PathStep
+from statemachine.canonical import SOME
+from statemachine.checker import Checker, Label
 from statemachine.invariants import InvariantViolation, Violation
 from statemachine.scheduler import Scheduler
 from statemachine.tick import TickState
+from statemachine.world import Plan, World
+
+
+@dataclass(frozen=True)
+class PathStep:
+    """One step of a counterexample with stable ids: the label, the worlds around it, the
+    stable ids its positions refer to, and the tick's plan."""
+
+    label: Label
+    before: World
+    after: World
+    ids: list[int]
+    plan: Plan | None
+
+
+def stable_path(checker: Checker, labels: list[Label], chunk: int) -> Iterator[PathStep]:
+    """Re-run `labels` on the checker's world with ids that stay stable, step by step."""
+    world, layout = World(), checker.run_layout(chunk)
+    arrived = 0
+    for label in labels:
+        ids = [world.seqs[i].seq_id for i in checker.order(world)]
+        plan = None
+        if label[0] == "arrive":  # ids never come back, even when the newest has left
+            after = world._replace(seqs=(*world.seqs, checker.arrival(arrived, label)))
+            arrived += 1
+        elif label[0] in ("abort", "finish"):
+            pos = [s.seq_id for s in world.seqs].index(ids[label[1]])
+            after = checker.apply(world, (label[0], pos), layout)[0]
+        elif label[0] == "tick":
+            plan, after, _ = checker.tick(world, label, layout)
+        yield PathStep(label, world, after, ids, plan)
+        world = after
 
 
 class ReplayError(RuntimeError):
@@ -36,7 +69,7 @@ class Replay:
 
 def replay(checker: Checker, labels: list[Label], chunk: int) -> Replay:
     """Run `labels` through a Scheduler; ReplayError if it raises nothing at the end."""
-    path = list(checker.stable_path(labels, chunk))
+    path = list(stable_path(checker, labels, chunk))
     lengths = _prompt_lengths(path)
     sched = Scheduler(checker.policy, checker.run_layout(chunk), checker.lifecycle, check=True,
                       clock=lambda: 0.0, horizon=checker.horizon,
