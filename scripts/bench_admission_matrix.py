@@ -35,10 +35,10 @@ from benchlib.options import add_admission_options, config_from_args
 from benchlib.report import ArmRuns, format_matrix, plot_frontier, to_jsonable
 from benchlib.serve import start_server, stop_server
 
-DEFAULT_ARMS = ["baseline", "gc1=grant_counter --grant-interval 1",
-                "gc4=grant_counter --grant-interval 4", "gc16=grant_counter --grant-interval 16",
-                "gc64=grant_counter --grant-interval 64", "deadline", "prefill_priority",
-                "mixed_step"]
+DEFAULT_ARMS = ["deadline", "tb2.5=token_budget --itl-factor 2.5",
+                "tb3=token_budget --itl-factor 3", "tb4=token_budget --itl-factor 4",
+                "tb6=token_budget --itl-factor 6", "mixed_step",
+                "gc16=grant_counter --grant-interval 16", "prefill_priority", "baseline"]
 
 
 def parse_arm(text: str) -> ArmRuns:
@@ -56,7 +56,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arm", action="append", default=[], metavar="'[LABEL=]POLICY FLAGS'",
-                   help="an arm (repeatable; default: every shipped fixed-chunk policy)")
+                   help="an arm (repeatable; default: every shipped policy, token_budget at four "
+                   "targets)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per arm (3)")
     p.add_argument("--chunk", type=int, default=512, metavar="N",
                    help="--prefill-chunk-size of every arm (512)")

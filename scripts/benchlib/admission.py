@@ -5,6 +5,14 @@ runs for `settle_s`; the prompt is sent at t_admit; the admission window ends at
 token, t_first. Every stream is then closed a few tokens later (or runs to max_tokens if the
 policy makes the prompt wait for it). Anything that breaks the attribution of latencies to
 these windows raises NotComparable instead of returning numbers.
+
+The streams are judged against their own pace: "own p95" is the larger of the quiet window's
+p95 and the p95 of the `post_s` seconds right after the prompt's first token (a stream's own
+steps slow as its context grows, so the quiet window alone would flatter later gaps). The
+work-conserving limit is what no policy can beat while holding the streams to the target ITL
+(TARGET_P99_OVER_OWN times their own p95): decode needs the share d / target of the machine,
+d the streams' own median step, so the prompt gets at most the rest and its TTFT is at least
+TTFT alone / (1 - d / target).
 """
 
 from __future__ import annotations
@@ -20,6 +28,10 @@ from benchlib.attribution import NotComparable, check_attribution, policy_action
 from benchlib.client import TimedStream, get_json, get_metrics, get_trace, wait_idle
 from benchlib.windows import GapStats, Window, gaps_in, ratio
 
+# The issue's bar for the default policy: admission-window ITL p99 and max against the streams'
+# own p95, and the prompt's TTFT against its TTFT alone.
+TARGET_P99_OVER_OWN, TARGET_MAX_OVER_OWN, TARGET_TTFT_RATIO = 4.0, 10.0, 1.5
+
 COUNTERS = ("fairtick_prefill_chunks_total", "fairtick_prefill_grants_total",
             "fairtick_mixed_steps_total", "fairtick_decode_steps_total")
 
@@ -33,6 +45,7 @@ class AdmissionConfig:
     stream_tokens: int = 8192
     prompt_tokens: int = 10_000
     settle_s: float = 5.0
+    post_s: float = 5.0  # the streams decode this long after the prompt's first token
     alone: str = "first"  # when to measure the prompt alone: first, last or skip
     ttft_alone_s: float | None = None  # a known value instead of measuring it
     tail_tokens: int = 3
@@ -44,6 +57,7 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         checks = {"streams": self.streams >= 1, "stream_tokens": self.stream_tokens >= 2,
                   "prompt_tokens": self.prompt_tokens >= 2, "settle_s": self.settle_s >= 0,
+                  "post_s": self.post_s >= 0,
                   "alone": self.alone in ("first", "last", "skip"),
                   "tail_tokens": self.tail_tokens >= 1, "timeout_s": self.timeout_s > 0,
                   "start_timeout_s": self.start_timeout_s > 0,
@@ -70,7 +84,12 @@ class AdmissionResult:
     admission: list[GapStats]
     quiet_pooled: GapStats
     admission_pooled: GapStats
+    post_pooled: GapStats  # the post_s seconds after the prompt's first token
     p95_inflation: float
+    own_p95_ms: float  # max(quiet p95, post p95)
+    p99_over_own: float  # admission-window p99 / own p95
+    max_over_own: float  # admission-window max / own p95
+    work_conserving_limit: float  # the lowest TTFT / TTFT alone at the target ITL
     first_token_before_last_stream_token: bool
     prompt_chunks: int
     prompt_chunks_while_streams_live: int
@@ -182,10 +201,16 @@ def _admit_into(cfg: AdmissionConfig, streams: list[TimedStream], deadline: floa
     at_first = get_metrics(cfg.url)
     t_first = prompt.times_s[0]
     for s in streams:
-        s.stop_after(t_first, cfg.tail_tokens)
+        s.stop_after(t_first + cfg.post_s, cfg.tail_tokens)
     for i, s in enumerate([*streams, prompt]):
         if not s.join(_remaining(deadline)):
             raise NotComparable(f"stream {i} did not end before --timeout-s")
+    short = [i for i, s in enumerate(streams)  # (streams over before t_first: attribution's)
+             if cfg.post_s > 0 and not s.cancelled and s.times_s[-1] >= t_first]
+    if short:
+        raise NotComparable(f"stream(s) {short} reached max_tokens within {cfg.post_s:g} s "
+                            f"of the prompt's first token: they did not outlast the prompt "
+                            f"(raise --stream-tokens)")
     wait_idle(cfg.url, timeout_s=60)
     return _Run(streams, prompt, t_streaming, prompt.sent_s, t_first, int(state["tick"]),
                 {int(s["seq"]) for s in seqs}, at_admit, at_first,
@@ -211,14 +236,19 @@ def _wait_streaming(cfg: AdmissionConfig, streams: list[TimedStream], deadline: 
 def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
                alone_s: float) -> AdmissionResult:
     quiet_w, adm_w = Window(run.t_streaming, run.t_admit), Window(run.t_admit, run.t_first)
+    post_w = Window(run.t_first, run.t_first + cfg.post_s)
     quiet = [gaps_in(s.times_s, quiet_w) for s in run.streams]
     admission = [gaps_in(s.times_s, adm_w, mostly=True) for s in run.streams]
+    post = [g for s in run.streams for g in gaps_in(s.times_s, post_w)]
     delta = {k: v - run.at_admit.get(k, 0.0) for k, v in run.at_first.items()
              if k.endswith("_total") or k.startswith("fairtick_ticks_total{")}
     spec = policy_actions(state["policy"])
     facts = check_attribution(cfg, run, quiet, admission, delta, spec)
     quiet_pooled = GapStats.of([g for gs in quiet for g in gs])
     admission_pooled = GapStats.of([g for gs in admission for g in gs])
+    post_pooled = GapStats.of(post)
+    own_p95 = max(quiet_pooled.p95_ms, post_pooled.p95_ms if post else 0.0)
+    own_step = max(quiet_pooled.p50_ms, post_pooled.p50_ms if post else 0.0)
     ttft_s = run.t_first - run.t_admit
     quiet_s = quiet_w.end_s - quiet_w.start_s
     return AdmissionResult(
@@ -227,8 +257,11 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
         prompt_tokens=cfg.prompt_tokens, ttft_s=ttft_s, ttft_alone_s=alone_s,
         ttft_ratio=ratio(ttft_s, alone_s), quiet=[GapStats.of(g) for g in quiet],
         admission=[GapStats.of(g) for g in admission], quiet_pooled=quiet_pooled,
-        admission_pooled=admission_pooled,
+        admission_pooled=admission_pooled, post_pooled=post_pooled,
         p95_inflation=ratio(admission_pooled.p95_ms, quiet_pooled.p95_ms),
+        own_p95_ms=own_p95, p99_over_own=ratio(admission_pooled.p99_ms, own_p95),
+        max_over_own=ratio(admission_pooled.max_ms, own_p95),
+        work_conserving_limit=work_conserving_limit(own_step, own_p95),
         first_token_before_last_stream_token=run.t_first < max(s.times_s[-1]
                                                                for s in run.streams),
         prompt_chunks=facts.prompt_chunks,
@@ -236,3 +269,10 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
         quiet_tokens_per_s=sum(len(g) for g in quiet) / quiet_s if quiet_s > 0 else math.nan,
         counters={k: v for k, v in delta.items() if not k.endswith("_created")},
         grants_by_rule=facts.grants_by_rule, notes=facts.notes)
+
+
+def work_conserving_limit(step_ms: float, own_p95_ms: float) -> float:
+    """The lowest TTFT / TTFT alone a policy can reach while the streams' ITL stays at the
+    target (TARGET_P99_OVER_OWN x own p95), their steps taking step_ms: 1 / (1 - decode share)."""
+    share = ratio(step_ms, TARGET_P99_OVER_OWN * own_p95_ms)
+    return math.nan if math.isnan(share) or share >= 1 else 1.0 / (1.0 - share)

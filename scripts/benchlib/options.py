@@ -20,6 +20,10 @@ def add_admission_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle-s", type=float, default=d.settle_s, metavar="S",
                    help=f"quiet window: decode alone for this long before admission "
                    f"({d.settle_s})")
+    p.add_argument("--post-s", type=float, default=d.post_s, metavar="S",
+                   help=f"the streams decode this long after the prompt's first token; their "
+                   f"p95 there, or in the quiet window if larger, is their own p95 "
+                   f"({d.post_s})")
     p.add_argument("--alone", choices=("first", "last", "skip"), default=d.alone,
                    help="measure the prompt's TTFT alone on the idle server before or after "
                    "the streams, or not at all (first)")
@@ -43,7 +47,7 @@ def config_from_args(args: argparse.Namespace, url: str) -> AdmissionConfig:
     """The AdmissionConfig of parsed options; ValueError names a bad one."""
     return AdmissionConfig(
         url=url, streams=args.streams, stream_tokens=args.stream_tokens,
-        prompt_tokens=args.prompt_tokens, settle_s=args.settle_s, alone=args.alone,
-        ttft_alone_s=args.ttft_alone_s, tail_tokens=args.tail_tokens,
+        prompt_tokens=args.prompt_tokens, settle_s=args.settle_s, post_s=args.post_s,
+        alone=args.alone, ttft_alone_s=args.ttft_alone_s, tail_tokens=args.tail_tokens,
         start_timeout_s=args.start_timeout_s,
         min_quiet_gaps=args.min_quiet_gaps, timeout_s=args.timeout_s, seed=args.seed)

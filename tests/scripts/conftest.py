@@ -17,9 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 
 SERVE_FLAGS = ("--policy", "mixed_step", "--max-running", "5", "--prefill-chunk-size", "16")
-# A layout small enough for 2 cores: 200-token prompt (13 chunks), half a second of quiet.
-SMALL = ["--prompt-tokens", "200", "--settle-s", "0.5", "--stream-tokens", "3000",
-         "--timeout-s", "60"]
+# A layout small enough for 2 cores: 200-token prompt (13 chunks), half a second of quiet and
+# half a second after the prompt's first token.
+SMALL = ["--prompt-tokens", "200", "--settle-s", "0.5", "--post-s", "0.5",
+         "--stream-tokens", "3000", "--timeout-s", "60"]
 
 
 @pytest.fixture(scope="module")

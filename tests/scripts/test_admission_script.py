@@ -42,6 +42,15 @@ def test_json_reports_counters_that_fit_the_policy(mixed_server):
     assert len(report["quiet"]) == len(report["admission"]) == 2
     assert all(s["num_gaps"] >= 1 for s in report["admission"])
     assert report["p95_inflation"] > 0
+    # The streams ran on for --post-s after the prompt's first token; their own p95 is the
+    # larger of that window's and the quiet window's, and the ratios are against it.
+    assert report["post_pooled"]["num_gaps"] >= 1
+    own = report["own_p95_ms"]
+    assert own == max(report["quiet_pooled"]["p95_ms"], report["post_pooled"]["p95_ms"])
+    adm = report["admission_pooled"]
+    assert report["max_over_own"] >= report["p99_over_own"] > 0
+    assert abs(report["max_over_own"] * own - adm["max_ms"]) < 1e-6 * adm["max_ms"]
+    assert report["work_conserving_limit"] >= 1
 
 
 def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
@@ -50,6 +59,15 @@ def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout.startswith("NOT COMPARABLE: "), done.stdout
     assert "straddle" in done.stdout and "--stream-tokens" in done.stdout
+
+
+def test_refuses_streams_that_end_before_the_window_after_the_first_token(mixed_server):
+    # 120 stream tokens outlast the half-second quiet window and the 200-token prompt's 13
+    # chunks, but not 30 s of decoding after its first token.
+    args = [*SMALL, "--stream-tokens", "120", "--post-s", "30", "--streams", "2"]
+    done = run_script(SCRIPT, "--url", mixed_server.url, *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "did not outlast the prompt" in done.stdout, done.stdout
 
 
 def test_refuses_when_no_slot_is_left_for_the_prompt(mixed_server):

@@ -4,9 +4,11 @@ Which actions and rule names a policy has comes from its shipped spec, never fro
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
+from benchlib.admission import work_conserving_limit
 from benchlib.attribution import NotComparable, check_attribution, policy_actions
 from benchlib.windows import Window, gaps_in, percentile
 
@@ -114,3 +116,12 @@ def test_percentile_interpolates():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5.0], 95) == 5.0
     assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+def test_the_work_conserving_limit_leaves_the_prompt_what_decode_does_not_need():
+    # Target ITL 4 x 10 ms = 40 ms; a 10 ms step needs a quarter of the machine, so the prompt
+    # gets three quarters: TTFT at least 4/3 of alone. A step as long as the target leaves none.
+    assert work_conserving_limit(10.0, 10.0) == pytest.approx(4 / 3)
+    assert work_conserving_limit(20.0, 10.0) == pytest.approx(2.0)
+    assert math.isnan(work_conserving_limit(40.0, 10.0))
+    assert math.isnan(work_conserving_limit(float("nan"), 10.0))
