@@ -15,17 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STATE_COLOURS = {
-    "waiting": "#bdbdbd",
-    "parked_prefill": "#e6550d",
-    "prefilling": "#3182bd",
-    "decoding": "#31a354",
-    "finished": "#252525",
-    "aborted": "#de2d26",
+from statemachine.lifecycle import Lifecycle, Role, Trigger, load_lifecycle
+
+ROLE_COLOURS = {
+    Role.QUEUED: "#bdbdbd",
+    Role.PARKED: "#e6550d",
+    Role.PREFILLING: "#3182bd",
+    Role.DECODING: "#31a354",
+    Role.PAUSED: "#9e9ac8",
+    Role.PREEMPTED: "#fdd0a2",
+    Role.FINISHED: "#252525",
+    Role.ABORTED: "#de2d26",
 }
-TERMINAL = ("finished", "aborted")
+TERMINAL_ROLES = (Role.FINISHED, Role.ABORTED)
 # Triggers recorded after the tick's work: the new state begins with the next tick.
-AFTER_WORK = ("chunk_done", "finish")
+AFTER_WORK = (Trigger.CHUNK_DONE.value, Trigger.FINISH.value)
 WIDTH_PX, DPI, MAX_LANES, LEGEND_PX = 1200, 100, 64, 30
 # A step line of a `fairtick check` counterexample: "  12. tick 9: decode (rule ...)".
 CHECK_STEP = re.compile(r"^\s*\d+\. tick (\d+):", re.MULTILINE)
@@ -61,9 +65,19 @@ def parse_trace_lines(text: str) -> list[list[dict[str, Any]]]:
     return traces
 
 
-def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None) -> list[Span]:
+def state_colours(life: Lifecycle | None = None) -> dict[str, str]:
+    """The colour of each state of `life` (default: specs/lifecycle.yaml), by its role."""
+    life = life or load_lifecycle()
+    return {life.state_of[role]: colour for role, colour in ROLE_COLOURS.items()
+            if life.has(role)}
+
+
+def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None,
+               life: Lifecycle | None = None) -> list[Span]:
     """The state spans of every sequence; a live one's last span runs to `end_tick` (default:
     one past the last event), a terminal state is one tick wide."""
+    life = life or load_lifecycle()
+    terminal = {life.state_of[r] for r in TERMINAL_ROLES if life.has(r)}
     by_seq: dict[int, list[dict[str, Any]]] = {}
     for e in events:
         by_seq.setdefault(int(e["seq"]), []).append(e)
@@ -76,7 +90,7 @@ def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None) ->
         ticks = starts[seq]
         for i, e in enumerate(evs):
             stop = ticks[i + 1] if i + 1 < len(evs) else end
-            if e["to"] in TERMINAL:
+            if e["to"] in terminal:
                 stop = ticks[i] + 1
             if stop > ticks[i]:
                 spans.append(Span(seq, e["to"], ticks[i], stop))
@@ -100,13 +114,14 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
+    colours = state_colours()
     spans = lane_spans(events, end_tick)
     seqs = sorted({s.seq for s in spans})
     shown = seqs[-MAX_LANES:]
     lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
     width, height = figure_size_px(len(shown))
     fig, ax = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
-    for state, colour in STATE_COLOURS.items():
+    for state, colour in colours.items():
         for seq in shown:
             bars = [(s.start_tick, s.end_tick - s.start_tick) for s in spans
                     if s.seq == seq and s.state == state]
@@ -123,8 +138,8 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     ax.set_title((title or f"fairtick trace: {len(seqs)} sequences") + hidden, fontsize=10)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, axis="x", alpha=0.3)
-    fig.legend(handles=[Patch(facecolor=c, label=s) for s, c in STATE_COLOURS.items()],
-               loc="lower center", ncol=len(STATE_COLOURS), fontsize=8, frameon=False)
+    fig.legend(handles=[Patch(facecolor=c, label=s) for s, c in colours.items()],
+               loc="lower center", ncol=len(colours), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, LEGEND_PX / height, 1, 1))
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.trace_png import STATE_COLOURS
+from server.trace_png import state_colours
 from tests.e2e.conftest import LiveServer, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
 
     rgb = (mpimg.imread(str(path))[..., :3] * 255).round().astype(int)
     masks = {state: np.all(rgb == [int(colour[i:i + 2], 16) for i in (1, 3, 5)], axis=-1)
-             for state, colour in STATE_COLOURS.items()}
+             for state, colour in state_colours().items()}
     coloured = np.any(np.stack(list(masks.values())), axis=0).any(axis=1)
     bands: list[list[int]] = []
     for row in np.flatnonzero(coloured):
@@ -74,6 +74,6 @@ def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
         ordered = [state for _, state in sorted(states)]
         if ordered:
             lanes.append([s for i, s in enumerate(ordered) if i == 0 or ordered[i - 1] != s])
-    legend = [lane for lane in lanes if set(lane) == set(STATE_COLOURS)]
+    legend = [lane for lane in lanes if set(lane) == set(state_colours())]
     assert len(legend) == 1, f"no legend (or two) in {path}: {lanes}"
     return [lane for lane in lanes if lane is not legend[0]]

@@ -18,7 +18,13 @@ from tests.lifecycle_names import (
     FINISHED,
     GRANT,
     PARKED,
+    PAUSE,
+    PAUSED,
+    PREEMPT,
+    PREEMPTED,
     PREFILLING,
+    READMIT,
+    RESUME,
     WAITING,
 )
 from tests.scripts.conftest import png_lanes, png_size
@@ -91,3 +97,20 @@ def test_lanes_follow_tick_semantics():
     assert lane_spans(events, end_tick=20) == [
         Span(7, PARKED, 3, 5), Span(7, PREFILLING, 5, 6),
         Span(7, DECODING, 6, 10), Span(7, FINISHED, 10, 11)]
+
+
+def test_png_draws_paused_and_preempted_lanes(tmp_path):
+    # Every role has a colour: a preempted and a paused sequence show as such, not as gaps.
+    events = [(0, WAITING, PARKED, ADMIT, 0), (0, WAITING, PARKED, ADMIT, 1),
+              (0, PARKED, PREFILLING, GRANT, 0), (0, PREFILLING, DECODING, CHUNK_DONE, 0),
+              (1, PARKED, PREFILLING, GRANT, 1), (1, PREFILLING, DECODING, CHUNK_DONE, 1),
+              (4, DECODING, PAUSED, PAUSE, 0), (6, PAUSED, DECODING, RESUME, 0),
+              (5, DECODING, PREEMPTED, PREEMPT, 1), (8, PREEMPTED, PARKED, READMIT, 1)]
+    source = tmp_path / "trace.jsonl"
+    source.write_text("".join(json.dumps({"tick": t, "time": None, "seq": s, "from": a, "to": b,
+                                          "trigger": trig, "rule": "r"}) + "\n"
+                              for t, a, b, trig, s in sorted(events, key=lambda e: e[0])))
+    png = tmp_path / "trace.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
+    assert png_lanes(png) == [[PREFILLING, DECODING, PAUSED, DECODING],
+                              [PARKED, PREFILLING, DECODING, PREEMPTED, PARKED]]
