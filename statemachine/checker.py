@@ -42,8 +42,10 @@ from statemachine.world import (
     Seq,
     World,
     admissible,
+    arrange,
     begin_tick,
     end_tick,
+    grant,
     leave,
 )
 
@@ -275,17 +277,26 @@ class Checker:
         """Every tick from `world`: one per budget the policy asks about (where it has a
         latency target), times, without tracked progress, which granted prompts end."""
         budgets = self.abs.budgets.get(chunk, (None,))
-        decided = set()
+        arranged = arrange(world, self.policy, self.lifecycle, layout)
+        decided, asked = set(), []
+
+        def ask(budget: int) -> Callable[[TickState], int]:
+            def give(_state: TickState) -> int:
+                asked.append(budget)
+                return budget
+            return give
+
         for budget in budgets:
-            plan = begin_tick(world, self.policy, self.lifecycle, layout,
-                              self._give(budget), self._decide)
-            if plan.decision in decided:
-                continue  # this budget decides what another did: the same tick
-            decided.add(plan.decision)
-            granted = plan.decision.granted if not self.abs.progress else ()
-            for ends in itertools.product((False, True), repeat=len(granted)):
-                done = tuple(g for g, e in zip(granted, ends, strict=True) if e)
-                yield ("tick", budget, done), *self._end(plan, done, layout)
+            plan = grant(arranged, self.policy, self.lifecycle,
+                         None if budget is None else ask(budget), self._decide)
+            if plan.decision not in decided:  # else another budget decided the same tick
+                decided.add(plan.decision)
+                granted = plan.decision.granted if not self.abs.progress else ()
+                for ends in itertools.product((False, True), repeat=len(granted)):
+                    done = tuple(g for g, e in zip(granted, ends, strict=True) if e)
+                    yield ("tick", budget, done), *self._end(plan, done, layout)
+            if not asked:
+                break  # the step never asked for its budget: every budget runs this tick
 
     def _end(self, plan: Plan, done: tuple[int, ...],
              layout: Layout) -> tuple[World, list[Violation]]:

@@ -17,6 +17,7 @@ explores exactly what runs. A tick is two calls around the executor:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from statemachine.lifecycle import Lifecycle, Role, Trigger
 from statemachine.records import (
@@ -34,12 +35,22 @@ from statemachine.records import (
 from statemachine.room import admit, census, fire, make_room
 from statemachine.tick import Decision, ParkedPrefill, Policy, PolicyMemory, TickState, decide_tick
 
-__all__ = ["Budget", "Event", "Layout", "Outcome", "Plan", "PrefillWork", "Seq", "World",
-           "admissible", "begin_tick", "end_tick", "kv_cached", "leave", "new_seq",
-           "tick_state"]
+__all__ = ["Arranged", "Budget", "Event", "Layout", "Outcome", "Plan", "PrefillWork", "Seq",
+           "World", "admissible", "arrange", "begin_tick", "end_tick", "grant", "kv_cached",
+           "leave", "new_seq", "tick_state"]
 
 
 Budget = Callable[[TickState], int]
+
+
+@dataclass(frozen=True)
+class Arranged:
+    """A tick with KV room made and arrivals admitted, before the policy decides."""
+
+    world: World
+    seqs: tuple[Seq, ...]
+    events: tuple[Event, ...]
+    state: TickState
 
 
 def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
@@ -48,6 +59,11 @@ def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
     """Make KV room, admit, decide and grant. `budget` gives the prefill tokens that fit the
     tick's latency target; it is asked only in a contended tick of a policy that has one.
     `decide` is `decide_tick` (the checker passes it remembered)."""
+    return grant(arrange(world, policy, life, layout), policy, life, budget, decide)
+
+
+def arrange(world: World, policy: Policy, life: Lifecycle, layout: Layout) -> Arranged:
+    """The first half of `begin_tick`: KV room made, arrivals admitted, the policy's view."""
     seqs, events = list(world.seqs), list[Event]()
     kv_full, budget_kv = policy.spec.kv_full, layout.kv_budget
     counts, committed = census(seqs, kv_full)
@@ -57,7 +73,14 @@ def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
         make_room(seqs, kv_full, budget_kv, life, events)
     if waiting:
         admit(seqs, kv_full, layout, life, events)
-    state = tick_state(seqs, world, layout)
+    return Arranged(world, tuple(seqs), tuple(events), tick_state(seqs, world, layout))
+
+
+def grant(arranged: Arranged, policy: Policy, life: Lifecycle, budget: Budget | None = None,
+          decide: Callable[[TickState, Policy], Decision] = decide_tick) -> Plan:
+    """The second half of `begin_tick`: decide on the arranged tick and grant (the checker
+    grants one arranged tick under each budget it explores)."""
+    seqs, events, state = list(arranged.seqs), list(arranged.events), arranged.state
     if budget is not None and state.parked and state.num_decoding and \
             policy.spec.tick_budget_ms is not None:
         state = state._replace(budget_tokens=budget(state))
@@ -68,10 +91,11 @@ def begin_tick(world: World, policy: Policy, life: Lifecycle, layout: Layout,
         s = seqs[where[seq_id]]
         left = s.target - s.prefilled
         fire(seqs, where[seq_id], Trigger.GRANT, decision.rule, life, events,
-              grants=s.grants + 1)
+             grants=s.grants + 1)
         prefills.append(PrefillWork(seq_id, min(decision.chunk_tokens, left)))
     decode = tuple(s.seq_id for s in seqs if s.role is Role.DECODING) \
         if decision.decodes else ()
+    world = arranged.world
     return Plan(World(tuple(seqs), world.streak, world.dwait), state, decision,
                 tuple(prefills), decode, tuple(events))
 
