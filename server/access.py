@@ -8,8 +8,9 @@ routing would answer 405, and before the key check, since browsers send prefligh
 credentials. Response middleware sees every response (whole, streamed, error), so a 401 or a 429
 reaches a browser page readable too.
 
-A small middleware rather than sanic-ext's CORS: installing sanic-ext makes Sanic auto-extend
-every app in the process (OpenAPI routes, validation, dependency injection), for ~40 lines here.
+A small middleware rather than sanic-ext's CORS: once sanic-ext is installed Sanic extends every
+app with all of it at start-up (its `AUTO_EXTEND` default: OpenAPI routes, validation,
+dependency injection), for what takes ~40 lines here.
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ def test_a_stream_carries_the_allow_origin_header(keyed):
         assert json.loads(stream.read_event())["object"] == "text_completion"
     finally:
         stream.drop()
+    keyed.wait_idle()
 
 
 def test_listed_origins_are_echoed_and_others_refused(locked):
