@@ -1,10 +1,11 @@
 """The Sanic app factory: one engine per app, started before serving and stopped after.
 
-Resources live on `app.ctx`: `config`, `engine`, `limits` (model name, context, vocabulary),
-`encoder` (prompt and chat tokenization), `draining` (set when shutdown begins, new generation
-requests get 503), `started_at`. Shutdown (SIGTERM, Ctrl-C) is graceful: in-flight requests
-finish within `config.stop_grace_s`, the rest are aborted with a 503 error, and the process
-exits 0. Every error leaves as OpenAI-style JSON (server.errors).
+Resources live on `app.ctx`: `config`, `engine`, `limits` (served names, context, vocabulary,
+default chat max_tokens), `encoder` (prompt and chat tokenization), `draining` (set when
+shutdown begins, new generation requests get 503), `started_at`. Shutdown (SIGTERM, Ctrl-C)
+is graceful: in-flight requests finish within `config.stop_grace_s`, the rest are aborted with a
+503 error, and the process exits 0. Every error leaves as OpenAI-style JSON (server.errors). An
+API key and CORS, when configured, are middleware (server.access).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from sanic import Request, Sanic
 from sanic.exceptions import SanicException
 from sanic.response import JSONResponse, json
 
+from server.access import install_access
 from server.config import ServerConfig
 from server.errors import ApiError
+from server.model_routes import make_model_blueprint
 from server.openai_routes import make_openai_blueprint
 from server.ops_routes import make_ops_blueprint
 from server.prompts import TokenizerEncoder
@@ -52,7 +55,9 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.ctx.draining = False
     app.ctx.started_at = int(time.time())
     app.blueprint(make_openai_blueprint())
+    app.blueprint(make_model_blueprint())
     app.blueprint(make_ops_blueprint())
+    install_access(app, config)
     app.error_handler.add(ApiError, _api_error)
     app.error_handler.add(SanicException, _sanic_error)
     app.error_handler.add(Exception, _unexpected_error)
@@ -71,11 +76,16 @@ def make_engine(config: ServerConfig) -> Any:
     return Engine(engine_config, load_model(engine_config.model))
 
 
-def model_limits(bundle: Any) -> ModelLimits:
-    """Name, context length and vocabulary size of a loaded ModelBundle."""
+def model_limits(bundle: Any, config: ServerConfig | None = None) -> ModelLimits:
+    """Served names, context length and vocabulary size of a loaded ModelBundle, with the
+    chat max_tokens default of `config`. With no served names configured the model is served
+    as its directory's name."""
+    config = config or ServerConfig()
     args = getattr(bundle.model, "args", None)
     vocab_size = getattr(args, "vocab_size", None) or len(bundle.tokenizer.vocab)
-    return ModelLimits(bundle.name, int(bundle.context_length), int(vocab_size))
+    name, *aliases = config.served_model_names or (bundle.name,)
+    return ModelLimits(name, int(bundle.context_length), int(vocab_size), tuple(aliases),
+                       config.default_chat_max_tokens)
 
 
 async def _start_engine(app: Sanic) -> None:
@@ -84,9 +94,10 @@ async def _start_engine(app: Sanic) -> None:
     engine = app.ctx.engine
     if not engine.alive:
         engine.start()
-    app.ctx.limits = model_limits(engine.bundle)
+    app.ctx.limits = model_limits(engine.bundle, app.ctx.config)
     app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
-    log.info("serving %s with policy %s", app.ctx.limits.name, engine.policy.name)
+    log.info("serving %s with policy %s", " = ".join(app.ctx.limits.served_names),
+             engine.policy.name)
     print(f"fairtick serve: KV budget: {engine.kv.describe()}; up to "
           f"{engine.layout.max_running} sequences running", file=sys.stderr, flush=True)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 POLICY_ENV = "FAIRTICK_POLICY"
+API_KEY_ENV = "FAIRTICK_API_KEY"
 # runtime.blas.BLAS_ENV, spelled here: importing anything from runtime loads the BLAS it names.
 BLAS_ENV = "FAIRTICK_BLAS"
 
@@ -163,7 +164,32 @@ def _serve_parser() -> argparse.ArgumentParser:
                    f"library exporting the CBLAS names (env {BLAS_ENV}; default 'auto')")
     p.add_argument("--check-invariants", action="store_true",
                    help="check the scheduler invariants after every tick (slower)")
+    _add_api_flags(p)
     return p
+
+
+def _add_api_flags(p: argparse.ArgumentParser) -> None:
+    from server.validation import DEFAULT_CHAT_MAX_TOKENS
+
+    api = p.add_argument_group("API")
+    api.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                     help="the model ids requests may name; the first is the id reported "
+                     "(default: the model directory's name)")
+    api.add_argument("--default-chat-max-tokens", type=int, default=DEFAULT_CHAT_MAX_TOKENS,
+                     metavar="N", help=f"max_tokens of a chat request that sends none, cut to "
+                     f"the room its prompt leaves (default {DEFAULT_CHAT_MAX_TOKENS}; "
+                     f"completions keep OpenAI's 16)")
+    api.add_argument("--api-key", default=None, metavar="KEY",
+                     help=f"requests must send `Authorization: Bearer KEY`, else 401 (env "
+                     f"{API_KEY_ENV}, which keeps the key out of the process list; default: "
+                     "no key)")
+    api.add_argument("--api-key-protect-ops", action="store_true",
+                     help="ask the key of /health, /metrics, /version and /debug/* too "
+                     "(default: they stay open)")
+    api.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                     help="CORS: '*' or a comma-separated list of origins (e.g. "
+                     "'https://app.example.com,http://localhost:3000') whose pages may call "
+                     "the API (default: off, no CORS headers)")
 
 
 def make_server_config(args: argparse.Namespace, params: dict[str, int | float]) -> Any:
@@ -181,9 +207,17 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         lifecycle=args.lifecycle, trace_capacity=args.trace_capacity,
         check_invariants=args.check_invariants,
     )
-    return ServerConfig(engine=engine, host=args.host, port=args.port,
-                        max_body_bytes=args.max_body_bytes, listen_backlog=args.listen_backlog,
-                        stop_grace_s=args.stop_grace_s)
+    origins = args.allowed_origins
+    return ServerConfig(
+        engine=engine, host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+        listen_backlog=args.listen_backlog, stop_grace_s=args.stop_grace_s,
+        served_model_names=tuple(args.served_model_name or ()),
+        default_chat_max_tokens=args.default_chat_max_tokens,
+        # An empty variable counts as unset, as shells make it easy to export one.
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
+        api_key_protect_ops=args.api_key_protect_ops,
+        allowed_origins=tuple(o.strip() for o in origins.split(",")) if origins else (),
+    )
 
 
 def trace_main(argv: Sequence[str]) -> int:
@@ -200,6 +234,9 @@ def trace_main(argv: Sequence[str]) -> int:
     p.add_argument("--file", metavar="JSONL", default=None,
                    help="read trace JSON lines (or `fairtick check` output) from a file "
                    "instead of --url")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
+                   help=f"sent as a bearer token, for a server started with "
+                   f"--api-key-protect-ops (env {API_KEY_ENV})")
     args = p.parse_args(argv)
     if args.file is not None:
         from server.trace_png import read_trace_file
@@ -211,8 +248,10 @@ def trace_main(argv: Sequence[str]) -> int:
     else:
         query = {"since": args.since, **({"limit": args.limit} if args.limit is not None else {})}
         url = f"{args.url.rstrip('/')}/debug/trace?{urllib.parse.urlencode(query)}"
+        auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         try:
-            with urllib.request.urlopen(url, timeout=30) as response:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=auth),
+                                        timeout=30) as response:
                 text = response.read().decode("utf-8")
         except urllib.error.HTTPError as exc:
             print(f"fairtick trace: {url}: HTTP {exc.code}: "

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.validation import DEFAULT_MAX_BODY_BYTES
+from server.validation import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from runtime.engine import EngineConfig
@@ -28,6 +29,16 @@ class ServerConfig:
     # a burst of clients overflow it: their connections stall for a SYN retry or are reset
     # instead of getting their 429. The kernel caps it at net.core.somaxconn.
     listen_backlog: int = 1024
+    # The ids requests may name; the first is the one reported. Empty: the model directory's name.
+    served_model_names: tuple[str, ...] = ()
+    # max_tokens of a chat request that sends none (cut to the room its prompt leaves).
+    default_chat_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS
+    # Requests must carry `Authorization: Bearer <api_key>`; None serves without a key.
+    api_key: str | None = field(default=None, repr=False)
+    # With api_key: also ask it of the operator routes (/health, /metrics, /version, /debug/*).
+    api_key_protect_ops: bool = False
+    # Origins whose browsers may call the API (CORS); "*" for any; empty: no CORS headers at all.
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -41,3 +52,31 @@ class ServerConfig:
         if not (self.stop_grace_s >= 0 and math.isfinite(self.stop_grace_s)):
             raise ValueError(f"stop_grace_s must be a finite number of seconds >= 0, got "
                              f"{self.stop_grace_s}")
+        if not 1 <= self.default_chat_max_tokens <= MAX_DEFAULT_MAX_TOKENS:
+            raise ValueError(f"default_chat_max_tokens must be in 1..{MAX_DEFAULT_MAX_TOKENS}, "
+                             f"got {self.default_chat_max_tokens}")
+        _check_names(self.served_model_names)
+        if self.api_key is not None and not _API_KEY.fullmatch(self.api_key):
+            raise ValueError("api_key must be 1 or more printable ASCII characters without "
+                             "spaces (it travels in an HTTP header)")
+        if self.api_key_protect_ops and self.api_key is None:
+            raise ValueError("api_key_protect_ops needs an api_key")
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"allowed_origins: {origin!r} is not '*' or an origin such as "
+                                 "'https://app.example.com' or 'http://localhost:3000' (scheme "
+                                 "and host, no path)")
+
+
+MAX_DEFAULT_MAX_TOKENS = 2**31 - 1
+_API_KEY = re.compile(r"[\x21-\x7e]+")
+_ORIGIN = re.compile(r"https?://[^/\s,]+")
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    for name in names:
+        if not name or name != name.strip():
+            raise ValueError(f"served_model_names: {name!r} must be a non-empty name without "
+                             "surrounding spaces")
+    if len(set(names)) != len(names):
+        raise ValueError(f"served_model_names: a name is given twice in {list(names)}")

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models.
+"""OpenAI-compatible generation routes: /v1/completions, /v1/chat/completions (whole or SSE).
 
 Each generation request: validate (server.validation) -> submit to the engine -> relay its token
 events, as one JSON body or as `data: {...}` chunks ending with `data: [DONE]`. The `finally`
@@ -27,7 +27,6 @@ def make_openai_blueprint() -> Blueprint:
     bp = Blueprint("openai", url_prefix="/v1")
     bp.add_route(completions, "/completions", methods=["POST"])
     bp.add_route(chat_completions, "/chat/completions", methods=["POST"])
-    bp.add_route(models, "/models", methods=["GET"])
     return bp
 
 
@@ -37,13 +36,6 @@ async def completions(request: Request) -> HTTPResponse | None:
 
 async def chat_completions(request: Request) -> HTTPResponse | None:
     return await _generate(request, "chat")
-
-
-async def models(request: Request) -> JSONResponse:
-    ctx = request.app.ctx
-    card = {"id": ctx.limits.name, "object": "model", "created": ctx.started_at,
-            "owned_by": "fairtick", "max_model_len": ctx.limits.context_length}
-    return json({"object": "list", "data": [card]})
 
 
 async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:

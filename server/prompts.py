@@ -60,7 +60,7 @@ def _read_message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(message, dict):
         raise invalid(f"`{param}` must be an object with `role` and `content`", param)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # an object is unhashable: no `in` on it
         raise invalid(f"`{param}.role` must be one of {sorted(ROLES)}, got {show(role)}",
                       f"{param}.role")
     return {"role": "system" if role == "developer" else role,
@@ -88,21 +88,39 @@ class TokenizerEncoder:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return list(self.tokenizer.encode(prompt))
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "has_chat_template", False))
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "has_chat_template", False):
-            out = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(out, dict) or hasattr(out, "input_ids"):
-                out = out["input_ids"]
-            return [int(t) for t in out]
-        return list(self.tokenizer.encode(simple_chat_template(messages)))
+    def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool | None = None) -> list[int]:
+        """The chat prompt's token ids. `add_special_tokens=None` is what the chat endpoint
+        runs: none added to a model's own template (it writes its BOS itself, as Hugging Face's
+        `apply_chat_template` does), the tokenizer's usual ones around the fallback template."""
+        if add_special_tokens is None:
+            add_special_tokens = not self.has_chat_template
+        text = self.render_chat(messages, add_generation_prompt)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The chat prompt as text: the tokenizer's template, else `simple_chat_template`."""
+        if self.has_chat_template:
+            return str(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False))
+        return simple_chat_template(messages, add_generation_prompt)
+
+    def decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens))
+
+    def token_strs(self, tokens: list[int]) -> list[str]:
+        """Each token id's vocabulary entry (its raw piece, e.g. `Ġthe`), as vLLM reports."""
+        return [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(tokens)]
 
 
-def simple_chat_template(messages: list[dict[str, str]]) -> str:
+def simple_chat_template(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """Role-tagged turns ending with an open assistant turn, for tokenizers without a template."""
     turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-    return turns + "<|assistant|>\n"
+    return turns + "<|assistant|>\n" if add_generation_prompt else turns

@@ -4,8 +4,9 @@
 `validate_request` checks every field of either endpoint and returns a `ValidRequest` ready for
 the engine, or raises `ApiError` naming the field. Nothing here touches the engine, so a bad
 request can never reach it. Unknown fields are rejected, as the OpenAI API does. Defaults follow
-`SamplingParams` (greedy unless `temperature` is given); `max_tokens` defaults to 16 for
-completions and to the rest of the context for chat.
+`SamplingParams` (greedy unless `temperature` is given, no stop strings); `max_tokens` defaults to
+16 for completions (OpenAI's default) and to `ModelLimits.default_chat_max_tokens` for chat, each
+cut to the room the prompt leaves in the context (`_fit_context`, the one place it is decided).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ MAX_STOP_CHARS = 256
 MAX_SEED = 2**63 - 1
 MAX_TOP_K = 2**31 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+# A chat request without max_tokens: bounded, not the model's whole context (`fairtick serve
+# --default-chat-max-tokens`).
+DEFAULT_CHAT_MAX_TOKENS = 2048
 
 _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
@@ -53,11 +57,19 @@ _FIELDS: dict[Kind, frozenset[str]] = {
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What validation needs to know about the served model."""
+    """What validation needs to know about the served model: the id it is reported as (`name`),
+    the other names requests may use for it, and the server's default for chat max_tokens."""
 
     name: str
     context_length: int
     vocab_size: int
+    aliases: tuple[str, ...] = ()
+    default_chat_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may use, the reported id first."""
+        return (self.name, *self.aliases)
 
 
 class PromptEncoder(Protocol):
@@ -176,9 +188,16 @@ def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list
 
 def _check_model(body: dict[str, Any], limits: ModelLimits) -> None:
     name = get_str(body, "model")
-    if name is not None and name != limits.name:
-        raise ApiError(404, f"The model `{name}` does not exist; this server serves "
-                       f"`{limits.name}`", param="model", code="model_not_found")
+    if name is not None:
+        check_model_name(name, limits)
+
+
+def check_model_name(name: str, limits: ModelLimits) -> None:
+    """A 404 in OpenAI's shape unless `name` is one of the served names."""
+    if name not in limits.served_names:
+        served = ", ".join(f"`{n}`" for n in limits.served_names)
+        raise ApiError(404, f"The model `{name}` does not exist; this server serves {served}",
+                       param="model", code="model_not_found")
 
 
 def _check_unsupported(kind: Kind, body: dict[str, Any], limits: ModelLimits) -> None:
@@ -270,7 +289,9 @@ def _fit_context(
                       prompt_param, code="context_length_exceeded")
     room = context - num_prompt
     if requested is None:
-        return min(DEFAULT_COMPLETION_MAX_TOKENS, room) if kind == "completion" else room
+        default = (DEFAULT_COMPLETION_MAX_TOKENS if kind == "completion"
+                   else limits.default_chat_max_tokens)
+        return min(default, room)
     if requested > room:
         raise invalid(f"This model's maximum context length is {context} tokens; you requested "
                       f"{num_prompt + requested} ({num_prompt} in the {prompt_param}, {requested} "

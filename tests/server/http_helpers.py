@@ -30,14 +30,14 @@ class Reply(client.Reply):
 
 def request(base_url: str, method: str, path: str, body: Any = None, *,
             raw: bytes | None = None, content_type: str | None = "application/json",
-            timeout_s: float = 30.0) -> Reply:
-    """One request on a fresh connection; `raw` sends bytes as they are."""
+            headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> Reply:
+    """One request on a fresh connection; `raw` sends bytes as they are; `headers` are added."""
     url = urllib.parse.urlparse(base_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout_s)
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    headers = {"Content-Type": content_type} if content_type and data is not None else {}
+    sent = {"Content-Type": content_type} if content_type and data is not None else {}
     try:
-        conn.request(method, path, body=data, headers=headers)
+        conn.request(method, path, body=data, headers={**sent, **(headers or {})})
         response = conn.getresponse()
         return Reply(response.status, {k.lower(): v for k, v in response.getheaders()},
                      response.read())
@@ -56,11 +56,12 @@ def get(base_url: str, path: str, **kwargs: Any) -> Reply:
 class OpenStream:
     """A streaming POST whose connection the test can drop at any moment."""
 
-    def __init__(self, base_url: str, path: str, body: dict[str, Any]) -> None:
+    def __init__(self, base_url: str, path: str, body: dict[str, Any],
+                 headers: dict[str, str] | None = None) -> None:
         url = urllib.parse.urlparse(base_url)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
         self.conn.request("POST", path, body=json.dumps(body).encode(),
-                          headers={"Content-Type": "application/json"})
+                          headers={"Content-Type": "application/json", **(headers or {})})
         self.response = self.conn.getresponse()
 
     @property

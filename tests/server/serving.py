@@ -98,11 +98,14 @@ class Served:
 
 
 @contextmanager
-def serve(bundle: Any, *, max_body_bytes: int = 4096, **engine_config: Any) -> Iterator[Served]:
-    """The real engine (EngineConfig fields as keywords) behind the real app, on 127.0.0.1."""
+def serve(bundle: Any, *, max_body_bytes: int = 4096, server: dict[str, Any] | None = None,
+          **engine_config: Any) -> Iterator[Served]:
+    """The real engine (EngineConfig fields as keywords) behind the real app, on 127.0.0.1;
+    `server` holds further ServerConfig fields."""
     config = {"max_running": 1, "max_waiting": 1, "prefill_chunk_size": 32, **engine_config}
     engine = Engine(EngineConfig(**config), bundle)
-    app = create_app(ServerConfig(max_body_bytes=max_body_bytes, stop_grace_s=0.0), engine=engine)
+    app = create_app(ServerConfig(max_body_bytes=max_body_bytes, stop_grace_s=0.0,
+                                  **(server or {})), engine=engine)
     with ThreadedServer(app) as server:
         yield Served(server.url, engine)
     assert not engine.alive, "the app must stop its engine after the server stops"

@@ -11,9 +11,10 @@ import pytest
 from sanic import Sanic
 
 from runtime.blas import BLAS_ENV, load_blas
-from server.cli import main
+from server.cli import API_KEY_ENV, main
 from server.config import ServerConfig
 from server.policy_flags import flag_dest, resolve_policy_params
+from server.validation import DEFAULT_CHAT_MAX_TOKENS
 from statemachine.spec import load_policy
 from tests.lifecycle_names import ADMIT
 from tests.server.http_helpers import post
@@ -126,9 +127,40 @@ def test_serve_defaults_come_from_the_server_config(served_as):
     assert config.stop_grace_s == ServerConfig().stop_grace_s
 
 
+def test_the_api_flags_reach_the_server_config(served_as, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "sk-from-env")
+    config = served_as("--served-model-name", "org/model", "alias", "--default-chat-max-tokens",
+                       "7", "--api-key", "sk-flag", "--api-key-protect-ops", "--allowed-origins",
+                       "https://a.example, http://localhost:3000")["app"].ctx.config
+    assert config.served_model_names == ("org/model", "alias")
+    assert config.default_chat_max_tokens == 7
+    assert (config.api_key, config.api_key_protect_ops) == ("sk-flag", True)
+    assert config.allowed_origins == ("https://a.example", "http://localhost:3000")
+    assert "sk-flag" not in repr(config), "the key stays out of logs"
+    assert served_as()["app"].ctx.config.api_key == "sk-from-env"
+    monkeypatch.setenv(API_KEY_ENV, "")
+    assert served_as()["app"].ctx.config.api_key is None, "an empty variable is no key"
+
+
+def test_the_api_flags_default_to_off(served_as, monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    config = served_as()["app"].ctx.config
+    assert (config.served_model_names, config.api_key, config.allowed_origins) == ((), None, ())
+    assert config.default_chat_max_tokens == DEFAULT_CHAT_MAX_TOKENS == 2048
+
+
 @pytest.mark.parametrize("flags", [("--stop-grace-s", "-1"), ("--stop-grace-s", "nan"),
-                                   ("--stop-grace-s", "inf"), ("--listen-backlog", "0")])
-def test_a_bad_backlog_or_grace_period_refuses_to_start(flags, capsys):
+                                   ("--stop-grace-s", "inf"), ("--listen-backlog", "0"),
+                                   ("--default-chat-max-tokens", "0"),
+                                   ("--served-model-name", "a", "a"),
+                                   ("--served-model-name", " a"),
+                                   ("--api-key", "two words"), ("--api-key", ""),
+                                   ("--api-key-protect-ops",),
+                                   ("--allowed-origins", "ftp://a.example"),
+                                   ("--allowed-origins", "https://a.example/path"),
+                                   ("--allowed-origins", "https://a.example,,http://b")])
+def test_a_bad_server_setting_refuses_to_start(flags, capsys, monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert main(["serve", *flags]) == 2
     assert flags[0].lstrip("-").replace("-", "_") in capsys.readouterr().err
 
@@ -186,3 +218,14 @@ def test_trace_json_lines(traced_url, capsys):
 def test_trace_of_an_unreachable_server(capsys):
     assert main(["trace", "--url", "http://127.0.0.1:9"]) == 1
     assert "cannot reach" in capsys.readouterr().err
+
+
+def test_trace_sends_the_key_a_locked_server_asks_for(bundle, capsys, monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    server = {"api_key": "sk-ops", "api_key_protect_ops": True}
+    with serve(bundle, server=server) as served:
+        assert main(["trace", "--url", served.url]) == 1
+        assert "HTTP 401" in capsys.readouterr().err
+        assert main(["trace", "--url", served.url, "--api-key", "sk-ops"]) == 0
+        monkeypatch.setenv(API_KEY_ENV, "sk-ops")
+        assert main(["trace", "--url", served.url, "--json"]) == 0

@@ -73,10 +73,16 @@ def test_defaults_are_greedy_and_16_tokens_for_completions():
     assert not valid.stream and not valid.include_usage
 
 
-def test_chat_defaults_to_the_rest_of_the_context():
+def test_chat_defaults_to_the_server_default_cut_to_the_room_left():
+    body = {"messages": [{"role": "user", "content": "hi"}]}
     valid = chat()
-    assert valid.prompt_tokens == tuple(encoder().encode_chat([{"role": "user", "content": "hi"}]))
+    assert valid.prompt_tokens == tuple(encoder().encode_chat(body["messages"]))
+    # 2048 by default: more than this CONTEXT leaves, so the room left is what runs.
     assert valid.sampling.max_tokens == CONTEXT - len(valid.prompt_tokens)
+    small = dataclasses.replace(limits(), default_chat_max_tokens=5)
+    assert validate_request("chat", body, small, encoder()).sampling.max_tokens == 5
+    assert validate_request("completion", {"prompt": "hi"}, small,
+                            encoder()).sampling.max_tokens == 16, "completions keep 16"
 
 
 def test_supported_fields_reach_sampling_params():
@@ -97,6 +103,15 @@ def test_unknown_field():
 def test_unknown_model_is_404():
     err = expect(completion, model="gpt-4", status=404, param="model", match="gpt-4")
     assert err.code == "model_not_found"
+
+
+def test_every_served_name_is_accepted():
+    named = dataclasses.replace(limits(), name="org/m", aliases=("m",))
+    for name in ("org/m", "m"):
+        validate_request("completion", {"prompt": "hi", "model": name}, named, encoder())
+    with pytest.raises(ApiError) as info:
+        validate_request("completion", {"prompt": "hi", "model": limits().name}, named, encoder())
+    assert info.value.status == 404 and "`org/m`, `m`" in info.value.message
 
 
 def test_model_must_be_a_string():
