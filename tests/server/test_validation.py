@@ -282,6 +282,29 @@ def test_message_shapes():
            param="messages[0].content", match="not supported")
 
 
+def test_a_role_of_any_other_type_is_a_400_naming_it():
+    # An object or a list once reached a set lookup and answered 500 (unhashable type).
+    for role in ({"a": 1}, ["user"], 5, True, None):
+        expect(chat, messages=[{"role": role, "content": "x"}], param="messages[0].role",
+               match="must be one of")
+
+
+def test_message_name_tool_call_id_and_tool_calls_shapes():
+    ok = {"role": "user", "content": "x"}
+    assert chat(messages=[{**ok, "name": "ann", "tool_calls": []}]).prompt_tokens == \
+        chat(messages=[ok]).prompt_tokens
+    for field in ("name", "tool_call_id"):
+        expect(chat, messages=[ok, {**ok, field: {"a": 1}}], param=f"messages[1].{field}",
+               match="must be a string")
+    for calls in ({"id": "a"}, "call", 5):
+        expect(chat, messages=[{**ok, "tool_calls": calls}], param="messages[0].tool_calls",
+               match="must be a list")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    err = expect(chat, messages=[{**ok, "tool_calls": [call]}], param="messages[0].tool_calls",
+                 match="not supported")
+    assert err.code == "unsupported_parameter"
+
+
 def test_text_parts_are_joined():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     valid = chat(messages=[{"role": "developer", "content": parts}])
