@@ -128,6 +128,12 @@ def test_max_tokens_range(value):
 def test_max_completion_tokens_for_chat():
     assert chat(max_completion_tokens=3).sampling.max_tokens == 3
     expect(chat, max_completion_tokens=0, param="max_completion_tokens")
+    # Past the room the prompt leaves, the error names the field that was sent.
+    room = CONTEXT - len(chat().prompt_tokens)
+    assert chat(max_completion_tokens=room).sampling.max_tokens == room
+    expect(chat, max_completion_tokens=room + 1, param="max_completion_tokens",
+           match="Reduce the prompt or max_completion_tokens")
+    expect(chat, max_tokens=room + 1, param="max_tokens", match="Reduce the prompt or max_tokens")
 
 
 def test_prompt_plus_max_tokens_fill_the_context_and_no_more():
