@@ -31,6 +31,7 @@ EDGE_VALUES: list[Any] = [
     "user", "text", [], {}, [[]], [{}], [None], ["user"], [1, 2], {"type": "text"},
     {"type": "text", "text": 5}, [{"type": "text", "text": "a"}], {"role": "user"},
     {"include_usage": "yes"}, {"a": {"b": {"c": []}}},
+    "x" * 300, ["s"] * 17,  # past the caps on a stop sequence's length and their count
 ]
 
 
