@@ -60,8 +60,7 @@ def _read_message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(message, dict):
         raise invalid(f"`{param}` must be an object with `role` and `content`", param)
     role = message.get("role")
-    # Checked as a string first: an object or a list cannot be looked up in a set.
-    if not isinstance(role, str) or role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # an object is unhashable: no `in` on it
         raise invalid(f"`{param}.role` must be one of {sorted(ROLES)}, got {show(role)}",
                       f"{param}.role")
     for name in ("name", "tool_call_id"):

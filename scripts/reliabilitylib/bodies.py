@@ -164,7 +164,8 @@ def fuzzed_bodies(draw: st.DrawFn, context_length: int) -> FuzzedBody:
     fields = _CHAT if path == CHAT else _COMPLETION
     names = sorted({*fields, "max_tokens", "model", "messages", "prompt"})
     changed = []
-    for _ in range(draw(st.integers(1, 3))):
+    # Mostly one change: with more, an earlier check often refuses the body before the others.
+    for _ in range(draw(st.sampled_from([1, 1, 1, 2, 3]))):
         absent: list[Steps] = [(name,) for name in names if name not in body]
         places = [p for key, v in body.items() for p in _places(v, (key,))] + absent
         steps = draw(st.sampled_from(places))
