@@ -11,6 +11,9 @@ Phases (all by default; `--phases` picks some):
   its start (with --pid), and a normal request is exactly what it was before the storm.
 - fuzz: Hypothesis generates malformed and edge-case requests; every answer must be a 2xx or an
   OpenAI-style JSON 4xx, never a 5xx, reset or hang; /health stays ok.
+- bodies: `--fuzz-bodies` N bodies of OpenAI's documented shapes with wrong-typed, nested or
+  extreme values anywhere in them (reliabilitylib/bodies.py); every answer must be a 2xx or a JSON
+  4xx naming a changed field, never a 5xx or a dropped connection; statuses are counted.
 - overload: far more simultaneous requests than --max-running + --max-waiting; every one must be a
   completion or a 429 with Retry-After.
 

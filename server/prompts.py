@@ -63,8 +63,25 @@ def _read_message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(role, str) or role not in ROLES:  # an object is unhashable: no `in` on it
         raise invalid(f"`{param}.role` must be one of {sorted(ROLES)}, got {show(role)}",
                       f"{param}.role")
+    for name in ("name", "tool_call_id"):
+        if message.get(name) is not None and not isinstance(message[name], str):
+            raise invalid(f"`{param}.{name}` must be a string, got {show(message[name])}",
+                          f"{param}.{name}")
+    _check_tool_calls(message.get("tool_calls"), f"{param}.tool_calls")
     return {"role": "system" if role == "developer" else role,
             "content": _read_content(message.get("content"), f"{param}.content")}
+
+
+def _check_tool_calls(calls: Any, param: str) -> None:
+    """OpenAI's shape is a list of {"id", "type": "function", "function": {"name",
+    "arguments"}}; this server takes no `tools`, so only an empty list (or null) is accepted."""
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise invalid(f"`{param}` must be a list of tool calls, got {show(calls)}", param)
+    if calls:
+        raise invalid(f"`{param}` is not supported by this server (it takes no `tools`); "
+                      "send [] or leave it out", param, code="unsupported_parameter")
 
 
 def _read_content(content: Any, param: str) -> str:

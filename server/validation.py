@@ -167,7 +167,10 @@ def validate_request(
     else:
         tokens = encoder_chat(encoder, read_messages(body.get("messages")))
     requested = fields.pop("max_tokens")
-    max_tokens = _fit_context(len(tokens), requested, kind, limits, prompt_param)
+    # A context overflow names the field the client set: chat's newer name wins when both are.
+    tokens_param = "max_completion_tokens" if kind == "chat" and \
+        body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _fit_context(len(tokens), requested, kind, limits, (prompt_param, tokens_param))
     if fields["min_tokens"] > max_tokens:
         raise invalid(f"`min_tokens` ({fields['min_tokens']}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
@@ -279,10 +282,12 @@ def _read_stop(value: Any) -> tuple[str, ...]:
 
 
 def _fit_context(
-    num_prompt: int, requested: int | None, kind: Kind, limits: ModelLimits, prompt_param: str
+    num_prompt: int, requested: int | None, kind: Kind, limits: ModelLimits,
+    params: tuple[str, str],
 ) -> int:
     """The max_tokens to run with, or a 400 when prompt and completion cannot fit the context."""
     context = limits.context_length
+    prompt_param, tokens_param = params
     if num_prompt >= context:
         raise invalid(f"This model's maximum context length is {context} tokens; the "
                       f"{prompt_param} has {num_prompt} tokens, which leaves no room to generate",
@@ -295,6 +300,6 @@ def _fit_context(
     if requested > room:
         raise invalid(f"This model's maximum context length is {context} tokens; you requested "
                       f"{num_prompt + requested} ({num_prompt} in the {prompt_param}, {requested} "
-                      "for the completion). Reduce the prompt or max_tokens", "max_tokens",
+                      f"for the completion). Reduce the prompt or {tokens_param}", tokens_param,
                       code="context_length_exceeded")
     return requested

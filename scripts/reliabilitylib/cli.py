@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 from benchlib.client import ServerError
 
-from reliabilitylib.fuzz import run_fuzz
+from reliabilitylib.fuzz import run_bodies, run_fuzz
 from reliabilitylib.phases import run_load, run_overload, run_storm
 from reliabilitylib.report import PhaseResult, write_json
 from reliabilitylib.target import Target
 
 PHASES: dict[str, Callable[[Target, argparse.Namespace], PhaseResult]] = {
-    "load": run_load, "storm": run_storm, "fuzz": run_fuzz, "overload": run_overload}
+    "load": run_load, "storm": run_storm, "fuzz": run_fuzz, "bodies": run_bodies,
+    "overload": run_overload}
 
 
 def discover(args: argparse.Namespace) -> Target:
@@ -39,7 +40,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--pid", type=int, default=None,
                    help="the server's process id, to read its RSS from /proc (same machine)")
-    p.add_argument("--phases", default="load,storm,fuzz,overload")
+    p.add_argument("--phases", default="load,storm,fuzz,bodies,overload")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="the server's --max-waiting, if /debug/state does not report it")
     p.add_argument("--load-streams", type=int, default=64)
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--rss-limit-mib", type=float, default=64.0,
                    help="largest RSS growth over the storm that passes")
     p.add_argument("--fuzz-examples", type=int, default=300)
+    p.add_argument("--fuzz-bodies", type=int, default=1000,
+                   help="bodies the `bodies` phase sends: documented shapes, wrong values")
     p.add_argument("--overload-requests", type=int, default=0,
                    help="0: 4 x (max_running + max_waiting)")
     p.add_argument("--overload-tokens", type=int, default=8)

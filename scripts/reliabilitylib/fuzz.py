@@ -1,5 +1,6 @@
-"""The fuzz phase: Hypothesis sends generated requests (reliabilitylib.cases); every answer must
-be a 2xx or an OpenAI-style JSON 4xx, never a 5xx, reset or hang, and /health stays ok."""
+"""The fuzz phases: Hypothesis sends generated requests (`fuzz`: reliabilitylib.cases; `bodies`:
+reliabilitylib.bodies); every answer must be a 2xx or an OpenAI-style JSON 4xx, never a 5xx,
+reset or hang, and /health stays ok."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from reliabilitylib.bodies import CHAT, FuzzedBody, fuzzed_bodies, top_level
 from reliabilitylib.cases import Case, field_cases, raw_cases
 from reliabilitylib.report import PhaseResult
 from reliabilitylib.target import Target, failure_kind, health_ok, is_json_error, wait_drained
@@ -90,3 +92,61 @@ def run_fuzz(t: Target, args: argparse.Namespace) -> PhaseResult:
     if unhealthy or not healthy_after or any(left.values()):
         failures.append("the server was unhealthy or held work afterwards")
     return PhaseResult("fuzz", rows, failures)
+
+
+def judge_body(t: Target, case: FuzzedBody) -> tuple[str, str]:
+    """(the HTTP status or how the connection failed, the class of the answer); a 400 or 404
+    must name a field the case changed (or one that it constrains)."""
+    try:
+        reply = t.exchange("POST", case.path, raw=case.encoded(), content_type="application/json")
+    except (OSError, http.client.HTTPException) as exc:
+        return failure_kind(exc), "dropped connection"
+    kind = classify(reply)
+    if kind == "4xx JSON" and reply.status in (400, 404):
+        param = reply.json()["error"]["param"]
+        if param is None or top_level(str(param)) not in case.fields:
+            kind = "4xx not naming a changed field"
+    return str(reply.status), kind
+
+
+def run_bodies(t: Target, args: argparse.Namespace) -> PhaseResult:
+    """`args.fuzz_bodies` bodies of OpenAI's documented shapes with wrong values anywhere in them
+    (reliabilitylib.bodies, seeded), one connection each; health checked every 50."""
+    seen: list[tuple[str, str, FuzzedBody]] = []
+    unhealthy: list[int] = []
+
+    @hypothesis_seed(args.seed)
+    @settings(max_examples=args.fuzz_bodies, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=fuzzed_bodies(t.context_length))
+    def probe(case: FuzzedBody) -> None:
+        seen.append((*judge_body(t, case), case))
+        if len(seen) % 50 == 0 and not health_ok(t):
+            unhealthy.append(len(seen))
+
+    started = time.monotonic()
+    probe()
+    wall = time.monotonic() - started
+    left = wait_drained(t, 30)
+    healthy_after = health_ok(t)
+    statuses = Counter(status for status, _, _ in seen)
+    bad = [(kind, case) for _, kind, case in seen if kind not in ("2xx", "4xx JSON")]
+    rows: list[tuple[str, object]] = [
+        ("bodies sent", len(seen)),
+        ("statuses", dict(sorted(statuses.items()))),
+        ("5xx", sum(n for s, n in statuses.items() if s.startswith("5"))),
+        ("dropped connections", sum(1 for _, kind, _ in seen if kind == "dropped connection")),
+        ("chat / completions", f"{sum(c.path == CHAT for _, _, c in seen)} / "
+                               f"{sum(c.path != CHAT for _, _, c in seen)}"),
+        ("wall", f"{wall:.1f} s"), ("health checks failed", len(unhealthy)),
+        ("health after", "ok" if healthy_after else "NOT OK"),
+        ("after: anything held", dict(left) if any(left.values()) else "nothing")]
+    rows += [(f"example {kind}", f"{case.path} changed {case.changed}: {case.encoded()[:160]!r}")
+             for kind, case in bad[:5]]
+    failures = []
+    if bad:
+        failures.append(f"{len(bad)} answers neither 2xx nor a JSON 4xx naming a changed "
+                        f"field: {dict(Counter(kind for kind, _ in bad))}")
+    if unhealthy or not healthy_after or any(left.values()):
+        failures.append("the server was unhealthy or held work afterwards")
+    return PhaseResult("bodies", rows, failures)

@@ -3,6 +3,7 @@ of 8, 32-token chunks), and the script's own judgement of streams and answers.""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -17,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "reliability.py"
 FLAGS = ("--max-running", "4", "--max-waiting", "8", "--prefill-chunk-size", "32")
 SMALL = ["--load-streams", "24", "--load-tokens", "16", "--storm-streams", "60",
-         "--storm-tokens", "16", "--fuzz-examples", "150", "--timeout-s", "60"]
+         "--storm-tokens", "16", "--fuzz-examples", "150", "--fuzz-bodies", "100",
+         "--timeout-s", "60"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_every_phase_passes_against_the_real_server(served, tmp_path):
     result = run("--url", served.url, "--pid", str(served.process.pid), "--json-out", str(out),
                  *SMALL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    for phase in ("load", "disconnect storm", "fuzz", "overload"):
+    for phase in ("load", "disconnect storm", "fuzz", "bodies", "overload"):
         assert f"## {phase}" in result.stdout
     assert result.stdout.rstrip().endswith("all phases passed")
     report = json.loads(out.read_text())
@@ -63,6 +65,13 @@ def test_every_phase_passes_against_the_real_server(served, tmp_path):
     answered = {k: int(v) for k, v in fuzz.items() if k.startswith("answered: ")}
     assert set(answered) <= {"answered: 2xx", "answered: 4xx JSON"}
     assert sum(answered.values()) >= 150 and fuzz["health after"] == "ok"
+
+    bodies = rows(report, "bodies")
+    assert bodies["bodies sent"] == "100" and bodies["health after"] == "ok"
+    assert (bodies["5xx"], bodies["dropped connections"]) == ("0", "0")
+    statuses = ast.literal_eval(bodies["statuses"])  # {"200": n, "400": m, ...}
+    assert sum(statuses.values()) == 100 and all(s[0] in "24" for s in statuses)
+    assert statuses.get("200", 0) >= 1 and statuses.get("400", 0) >= 1, "both kinds generated"
 
     overload = rows(report, "overload")
     total = int(overload["simultaneous requests"])

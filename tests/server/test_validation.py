@@ -143,6 +143,12 @@ def test_max_tokens_range(value):
 def test_max_completion_tokens_for_chat():
     assert chat(max_completion_tokens=3).sampling.max_tokens == 3
     expect(chat, max_completion_tokens=0, param="max_completion_tokens")
+    # Past the room the prompt leaves, the error names the field that was sent.
+    room = CONTEXT - len(chat().prompt_tokens)
+    assert chat(max_completion_tokens=room).sampling.max_tokens == room
+    expect(chat, max_completion_tokens=room + 1, param="max_completion_tokens",
+           match="Reduce the prompt or max_completion_tokens")
+    expect(chat, max_tokens=room + 1, param="max_tokens", match="Reduce the prompt or max_tokens")
 
 
 def test_prompt_plus_max_tokens_fill_the_context_and_no_more():
@@ -295,6 +301,29 @@ def test_message_shapes():
     expect(chat, messages=[{"role": "user", "content": 5}], param="messages[0].content")
     expect(chat, messages=[{"role": "user", "content": [{"type": "image_url"}]}],
            param="messages[0].content", match="not supported")
+
+
+def test_a_role_of_any_other_type_is_a_400_naming_it():
+    # An object or a list once reached a set lookup and answered 500 (unhashable type).
+    for role in ({"a": 1}, ["user"], 5, True, None):
+        expect(chat, messages=[{"role": role, "content": "x"}], param="messages[0].role",
+               match="must be one of")
+
+
+def test_message_name_tool_call_id_and_tool_calls_shapes():
+    ok = {"role": "user", "content": "x"}
+    assert chat(messages=[{**ok, "name": "ann", "tool_calls": []}]).prompt_tokens == \
+        chat(messages=[ok]).prompt_tokens
+    for field in ("name", "tool_call_id"):
+        expect(chat, messages=[ok, {**ok, field: {"a": 1}}], param=f"messages[1].{field}",
+               match="must be a string")
+    for calls in ({"id": "a"}, "call", 5):
+        expect(chat, messages=[{**ok, "tool_calls": calls}], param="messages[0].tool_calls",
+               match="must be a list")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    err = expect(chat, messages=[{**ok, "tool_calls": [call]}], param="messages[0].tool_calls",
+                 match="not supported")
+    assert err.code == "unsupported_parameter"
 
 
 def test_text_parts_are_joined():

@@ -1,15 +1,19 @@
 """Validation never crashes: any JSON body is a ValidRequest or a 4xx ApiError naming a reason;
 any bytes are a JSON object or a 4xx. Hypothesis generates the bodies (no engine, no HTTP); the
 prompts are tokenized by the built-in model's real tokenizer. Strings that UTF-8 cannot carry
-(lone surrogates) stop at `parse_body`, so bodies here have none."""
+(lone surrogates) stop at `parse_body`, so bodies here have none. test_body_fuzz.py sends the
+documented-shape bodies of the last test here over HTTP to the real app."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reliabilitylib.bodies import CHAT, fuzzed_bodies, top_level
 
+from runtime.model import BUILTIN_CONFIG
 from server.errors import ApiError
 from server.validation import _FIELDS, parse_body, validate_request
 from tests.server.test_validation import CONTEXT, encoder, limits
@@ -88,3 +92,24 @@ def test_any_bytes_are_an_object_or_a_4xx(data, content_type):
         assert isinstance(parse_body(data, content_type, 1024), dict)
     except ApiError as exc:
         check_api_error(exc)
+
+
+FULL_CONTEXT = BUILTIN_CONFIG["max_position_embeddings"]
+
+
+@SETTINGS
+@given(case=fuzzed_bodies(FULL_CONTEXT))
+def test_a_documented_body_with_wrong_values_is_valid_or_a_400_naming_a_changed_field(case):
+    # The model's whole context: the body's own fields, not its length, are at fault here.
+    full = dataclasses.replace(limits(), context_length=FULL_CONTEXT)
+    kind = "chat" if case.path == CHAT else "completion"
+    try:  # NaN and the infinities stop at parse_body, naming where they are
+        body = parse_body(case.encoded(), "application/json", 1 << 20)
+        valid = validate_request(kind, body, full, encoder())
+    except ApiError as exc:
+        check_api_error(exc)
+        assert exc.param is not None and top_level(exc.param) in case.fields, \
+            (case.changed, exc.param, exc.message)
+        return
+    assert 1 <= valid.sampling.max_tokens <= 16
+    valid.sampling.validate()
