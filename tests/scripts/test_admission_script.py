@@ -62,9 +62,11 @@ def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
 
 
 def test_refuses_streams_that_end_before_the_window_after_the_first_token(mixed_server):
-    # 120 stream tokens outlast the half-second quiet window and the 200-token prompt's 13
-    # chunks, but not 30 s of decoding after its first token.
-    args = [*SMALL, "--stream-tokens", "120", "--post-s", "30", "--streams", "2"]
+    # 400 stream tokens outlast the half-second quiet window (a tick takes milliseconds) and
+    # the 200-token prompt's 13 chunks (13 ticks), but not 60 s of decoding after its first
+    # token: they reach max_tokens inside the window after it.
+    args = [*SMALL, "--stream-tokens", "400", "--post-s", "60", "--streams", "2",
+            "--timeout-s", "120"]
     done = run_script(SCRIPT, "--url", mixed_server.url, *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "did not outlast the prompt" in done.stdout, done.stdout
