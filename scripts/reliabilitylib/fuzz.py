@@ -9,6 +9,8 @@ import http.client
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from benchlib.client import Reply
 from hypothesis import HealthCheck, Phase, example, given, settings
@@ -50,6 +52,38 @@ def send_case(t: Target, case: Case) -> str:
     return kind
 
 
+@dataclass(frozen=True)
+class Aftermath:
+    """How a generated run went for the server: its wall time, the health checks that failed
+    during it, and whether it was healthy and idle afterwards."""
+
+    wall_s: float
+    failed_checks: int
+    healthy_after: bool
+    left: dict[str, float]
+
+    def rows(self) -> list[tuple[str, object]]:
+        return [("wall", f"{self.wall_s:.1f} s"), ("health checks failed", self.failed_checks),
+                ("health after", "ok" if self.healthy_after else "NOT OK"),
+                ("after: anything held", dict(self.left) if any(self.left.values())
+                 else "nothing")]
+
+    def failures(self) -> list[str]:
+        if self.failed_checks or not self.healthy_after or any(self.left.values()):
+            return ["the server was unhealthy or held work afterwards"]
+        return []
+
+
+def probe_run(t: Target, probe: Callable[[], None], unhealthy: list[int]) -> Aftermath:
+    """Run the Hypothesis `probe` (which appends to `unhealthy`), then wait for the server to
+    drain and check its health."""
+    started = time.monotonic()
+    probe()
+    wall = time.monotonic() - started
+    left = wait_drained(t, 30)
+    return Aftermath(wall, len(unhealthy), health_ok(t), left)
+
+
 def run_fuzz(t: Target, args: argparse.Namespace) -> PhaseResult:
     """`args.fuzz_examples` generated requests (seeded), health checked every 25."""
     seen: list[tuple[str, Case]] = []
@@ -69,29 +103,20 @@ def run_fuzz(t: Target, args: argparse.Namespace) -> PhaseResult:
         if len(seen) % 25 == 0 and not health_ok(t):
             unhealthy.append(len(seen))
 
-    started = time.monotonic()
-    probe()
-    wall = time.monotonic() - started
-    left = wait_drained(t, 30)
-    healthy_after = health_ok(t)
+    after = probe_run(t, probe, unhealthy)
     kinds = Counter(kind for kind, _ in seen)
     labels = Counter(case.label.split(":")[0] for _, case in seen)
     bad = [(kind, case) for kind, case in seen if kind not in ("2xx", "4xx JSON")]
-    rows = [("requests", len(seen))]
+    rows: list[tuple[str, object]] = [("requests", len(seen))]
     rows += [(f"answered: {kind}", count) for kind, count in sorted(kinds.items())]
-    rows += [("generated kinds", dict(labels.most_common())), ("wall", f"{wall:.1f} s"),
-             ("health checks failed", len(unhealthy)),
-             ("health after", "ok" if healthy_after else "NOT OK"),
-             ("after: anything held", dict(left) if any(left.values()) else "nothing")]
+    rows += [("generated kinds", dict(labels.most_common())), *after.rows()]
     for kind, case in bad[:5]:
         rows.append((f"example {kind}", f"{case.label}: {case.path} {case.body[:120]!r}"))
     failures = []
     if bad:
         kinds_bad = dict(Counter(kind for kind, _ in bad))
         failures.append(f"{len(bad)} answers neither 2xx nor JSON 4xx: {kinds_bad}")
-    if unhealthy or not healthy_after or any(left.values()):
-        failures.append("the server was unhealthy or held work afterwards")
-    return PhaseResult("fuzz", rows, failures)
+    return PhaseResult("fuzz", rows, failures + after.failures())
 
 
 def judge_body(t: Target, case: FuzzedBody) -> tuple[str, str]:
@@ -124,11 +149,7 @@ def run_bodies(t: Target, args: argparse.Namespace) -> PhaseResult:
         if len(seen) % 50 == 0 and not health_ok(t):
             unhealthy.append(len(seen))
 
-    started = time.monotonic()
-    probe()
-    wall = time.monotonic() - started
-    left = wait_drained(t, 30)
-    healthy_after = health_ok(t)
+    after = probe_run(t, probe, unhealthy)
     statuses = Counter(status for status, _, _ in seen)
     bad = [(kind, case) for _, kind, case in seen if kind not in ("2xx", "4xx JSON")]
     rows: list[tuple[str, object]] = [
@@ -138,15 +159,11 @@ def run_bodies(t: Target, args: argparse.Namespace) -> PhaseResult:
         ("dropped connections", sum(1 for _, kind, _ in seen if kind == "dropped connection")),
         ("chat / completions", f"{sum(c.path == CHAT for _, _, c in seen)} / "
                                f"{sum(c.path != CHAT for _, _, c in seen)}"),
-        ("wall", f"{wall:.1f} s"), ("health checks failed", len(unhealthy)),
-        ("health after", "ok" if healthy_after else "NOT OK"),
-        ("after: anything held", dict(left) if any(left.values()) else "nothing")]
+        *after.rows()]
     rows += [(f"example {kind}", f"{case.path} changed {case.changed}: {case.encoded()[:160]!r}")
              for kind, case in bad[:5]]
     failures = []
     if bad:
         failures.append(f"{len(bad)} answers neither 2xx nor a JSON 4xx naming a changed "
                         f"field: {dict(Counter(kind for kind, _ in bad))}")
-    if unhealthy or not healthy_after or any(left.values()):
-        failures.append("the server was unhealthy or held work afterwards")
-    return PhaseResult("bodies", rows, failures)
+    return PhaseResult("bodies", rows, failures + after.failures())
