@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,10 @@ def send_all(url: str, max_tokens: list[int], timeout_s: float) -> list[Completi
     return out
 
 
-def measure(label: str, flags: list[str], max_tokens: list[int], out: Path,
-            timeout_s: float, keep: bool = False) -> tuple[Run, Server | None]:
+def measure(label: str, flags: list[str], max_tokens: list[int], out: Path, timeout_s: float,
+            then: Callable[[Server], dict[str, Any]] | None = None) -> tuple[Run, dict[str, Any]]:
+    """Serve with `flags`, send the requests, read back preemptions; `then(server)`, if given,
+    runs on the same server before it stops (its result is returned beside the run)."""
     server = start_server(flags, out / f"serve-{label}.log")
     try:
         budget = get_metrics(server.url).get("fairtick_kv_budget_tokens", float("nan"))
@@ -118,13 +121,9 @@ def measure(label: str, flags: list[str], max_tokens: list[int], out: Path,
                                         if e["trigger"] in (PREEMPT, PAUSE, RESUME, READMIT)))
         per_seq = Counter(e["seq"] for e in events if e["trigger"] in (PREEMPT, PAUSE))
         run.max_preemptions_of_one = max(per_seq.values(), default=0)
-        if keep:
-            return run, server
-    except BaseException:
+        return run, then(server) if then is not None else {}
+    finally:
         stop_server(server)
-        raise
-    stop_server(server)
-    return run, None
 
 
 def overflow(server: Server, budget: int, max_waiting: int, timeout_s: float) -> dict[str, Any]:
@@ -238,14 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unconstrained: {free.seconds:.0f} s", file=sys.stderr, flush=True)
     tight_flags = [*base, "--max-kv-tokens", str(args.max_kv_tokens),
                    "--max-waiting", str(args.max_waiting)]
-    tight, server = measure("budget", tight_flags, max_tokens, args.out, args.timeout_s,
-                            keep=True)
-    assert server is not None
-    try:
+
+    def past_the_limit(server: Server) -> dict[str, Any]:
         wait_idle(server.url)
-        busy = overflow(server, args.max_kv_tokens, args.max_waiting, args.timeout_s)
-    finally:
-        stop_server(server)
+        return overflow(server, args.max_kv_tokens, args.max_waiting, args.timeout_s)
+
+    tight, busy = measure("budget", tight_flags, max_tokens, args.out, args.timeout_s,
+                          then=past_the_limit)
     text, ok = report(free, tight, busy)
     print(text)
     (args.out / "memory-pressure.json").write_text(json.dumps(
