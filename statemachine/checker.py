@@ -8,7 +8,8 @@ the real `decide_tick`, and, where the policy has a latency target, every budget
 comparisons tell apart. Every interleaving is explored; a state that violates a claim is not
 expanded further. The abstractions (statemachine.abstraction) are exact by construction:
 capped counters, one observed sequence whose claim counters are tracked (any sequence can be
-the observed one), and, where no preemption can happen, running sequences the policy cannot
+the observed one), its queue wait found as a longest path rather than kept in the state
+(statemachine.paths), and, where no preemption can happen, running sequences the policy cannot
 tell apart kept in a canonical order.
 """
 
@@ -35,6 +36,7 @@ from statemachine.invariants import (
     check_decision,
 )
 from statemachine.lifecycle import Lifecycle, Role, Trigger, load_lifecycle
+from statemachine.paths import longest
 from statemachine.tick import Decision, Policy, TickState, decide_tick
 from statemachine.world import (
     Layout,
@@ -52,6 +54,8 @@ from statemachine.world import (
 Label = tuple[Any, ...]  # ("arrive", tokens, max_tokens, observed) | ("abort", i) |
 # ("finish", i) | ("tick", budget or None, granted seqs whose slice ends their prompt);
 # indices are positions in the canonical order
+Moved = tuple[bool, int] | None  # (restarted, amount): the observed queue wait's move
+_MARK = 1 << 30  # the observed queue wait before a tick: what it is after tells how it moved
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ class Checker:
 
     def __init__(self, policy: Policy, layout: CheckLayout = STREAMS,
                  lifecycle: Lifecycle | None = None, horizon: int = 8,
-                 reduce: bool = True) -> None:
+                 reduce: bool = True, queue_paths: bool = True) -> None:
         self.policy, self.layout, self.horizon = policy, layout, horizon
         self.lifecycle = lifecycle or load_lifecycle()
         if layout.kv_budget is not None:
@@ -139,7 +143,11 @@ class Checker:
             (a.overtaken_cap, a.queue_cap, a.preemptions_cap, a.age_cap, a.grants_cap)))
         # Without preemption, only arrival order within the parked and the queued matters.
         self.grouped = reduce and (layout.kv_budget is None or policy.spec.kv_full == "queue")
-        self.canon = Canon(self.abs, layout.kv_budget, layout.max_tokens, self.grouped, reduce)
+        # No transition reads the queue wait: with a claim on it, keys drop it and its largest
+        # value is a longest path (statemachine/paths.py); queue_paths=False keeps it in keys.
+        self.queue_paths = queue_paths and reduce and a.queue_cap > 0
+        keyed = dataclasses.replace(a, queue_cap=0) if self.queue_paths else a
+        self.canon = Canon(keyed, layout.kv_budget, layout.max_tokens, self.grouped, reduce)
         self.key, self.decode, self.order = self.canon.key, self.canon.decode, self.canon.order
         self.visible_key = self.canon.visible_key
         self._decisions: dict[TickState, Decision] = {}
@@ -175,10 +183,13 @@ class Checker:
         root = self.key(World())
         parents: dict[Key, tuple[Key, Label] | None] = {root: None}
         queue = deque([(root, 0)])
+        # The queue wait's moves, for its longest path: grew by w (adds), restarted (starts).
+        adds: dict[Key, list[tuple[Key, int]]] = {}
+        starts: dict[Key, int] = {}
         while queue:
             key, depth = queue.popleft()
             report.depth = max(report.depth, depth)
-            for label, nkey, violations in self._successors(key, chunk, layout, report):
+            for label, nkey, violations, moved in self._successors(key, chunk, layout, report):
                 report.edges += 1
                 if violations:
                     for v in violations:
@@ -186,6 +197,12 @@ class Checker:
                             path = self._path(parents, key) + [label]
                             report.counterexamples[v.name] = (v, path, chunk)
                     continue  # a violating state is not expanded: its counters may be capped
+                if moved is not None:
+                    restarted, amount = moved
+                    if restarted:
+                        starts[nkey] = max(starts.get(nkey, 0), amount)
+                    else:
+                        adds.setdefault(key, []).append((nkey, amount))
                 if nkey not in parents:
                     parents[nkey] = (key, label)
                     queue.append((nkey, depth + 1))
@@ -193,6 +210,21 @@ class Checker:
                 raise TimeoutError(f"state space not exhausted after {limit:g} s "
                                    f"({report.states + len(parents):,} states): lower the bounds")
         report.states += len(parents)
+        if self.queue_paths:
+            self._settle_queue(adds, starts, chunk, report, start, limit)
+
+    def _settle_queue(self, adds: dict[Key, list[tuple[Key, int]]], starts: dict[Key, int],
+                      chunk: int, report: Report, start: float, limit: float | None) -> None:
+        # Within the claim the longest path is the exact largest queue wait; past it, explore
+        # this chunk size again with the wait in the keys, for the counterexample.
+        bound = self.bounds(chunk).queue_ticks
+        most = longest(adds, starts, self.abs.queue_cap if bound is None else bound)
+        if bound is not None and most > bound:
+            exact = Checker(self.policy, self.layout, self.lifecycle, self.horizon,
+                            queue_paths=False)
+            exact._explore(chunk, report, start, limit)
+        else:
+            report.max_seen["queue_ticks"] = max(report.max_seen.get("queue_ticks", 0), most)
 
     @staticmethod
     def _path(parents: dict[Key, tuple[Key, Label] | None], key: Key) -> list[Label]:
@@ -213,8 +245,10 @@ class Checker:
                 continue
             for claim, value in (("wait_ticks", s.wait if s.role is Role.PARKED else 0),
                                  ("overtakes", s.overtaken if s.role is Role.PARKED else 0),
-                                 ("queue_ticks", s.queue), ("preemptions", s.preemptions)):
+                                 ("preemptions", s.preemptions)):
                 seen[claim] = max(seen.get(claim, 0), value)
+            if not self.queue_paths:
+                seen["queue_ticks"] = max(seen.get("queue_ticks", 0), s.queue)
         seen["decode_wait_ticks"] = max(seen.get("decode_wait_ticks", 0), world.dwait)
 
     def run_layout(self, chunk: int) -> Layout:
@@ -222,28 +256,36 @@ class Checker:
         return Layout(self.layout.max_running, chunk, self.layout.kv_budget)
 
     def _successors(self, key: Key, chunk: int, layout: Layout,
-                    report: Report) -> Iterator[tuple[Label, Key, list[Violation]]]:
+                    report: Report) -> Iterator[tuple[Label, Key, list[Violation], Moved]]:
         # Environment steps act on the canonical key itself (an arrival joins the end, a
         # departure leaves its place: both keep the order canonical); a tick runs the step
-        # function on the decoded world.
+        # function on the decoded world. The last item: how the observed sequence's queue
+        # wait moved, where it is tracked as a path and the same sequence stays observed.
         streak, dwait, *recs = key
         lay, n = self.layout, len(recs)
+        observing = any(r[1] for r in recs)
+        kept: Moved = (False, 0) if observing and self.queue_paths else None
         if n < lay.max_seqs:
-            for label, rec in self._arrival_keys(chunk, any(r[1] for r in recs)):
-                yield label, (*key, rec), []
+            for label, rec in self._arrival_keys(chunk, observing):
+                yield label, (*key, rec), [], kept
         for i, r in enumerate(recs):
             rest = recs[:i] + recs[i + 1:]
             left = (streak, dwait if any(x[0] == Role.DECODING for x in rest) else 0, *rest)
             if self.abs.rank_waits and r[0] is Role.PARKED:
                 left = self.key(self.decode(left))  # the ranks below it close up
-            yield ("abort", i), left, []
+            moved = kept if kept is not None and _observing(left) else None
+            yield ("abort", i), left, [], moved
             if r[0] == Role.DECODING:
-                yield ("finish", i), left, []
+                yield ("finish", i), left, [], moved
         world = self.decode(key)
+        if kept is not None:  # mark its wait, to read how the step function moves it
+            world = world._replace(seqs=tuple(s._replace(queue=_MARK) if s.observed else s
+                                              for s in world.seqs))
         for label, nxt, violations in self.ticks(world, chunk, layout):
             if not violations:
                 self._observe(report, nxt)
-            yield label, self.key(nxt), violations
+            nkey = self.key(nxt)
+            yield label, nkey, violations, None if kept is None else _moved(nxt, nkey)
 
     @functools.cache  # noqa: B019 - one checker per policy and layout, a handful of keys
     def _arrival_keys(self, chunk: int, observing: bool) -> list[tuple[Label, Key]]:
@@ -305,7 +347,7 @@ class Checker:
         outcome = end_tick(plan, self.lifecycle)
         violations = check_decision(plan.state, plan.decision) + \
             check_capacity(outcome.world.seqs, layout) + \
-            check_claims(outcome, self.bounds(layout.chunk_size))
+            check_claims(outcome, self._stepwise(layout.chunk_size))
         return outcome.world, violations
 
     def apply(self, world: World, label: Label, layout: Layout) -> tuple[World, list[Violation]]:
@@ -345,9 +387,28 @@ class Checker:
         return Plan(plan.world._replace(seqs=seqs), plan.state, plan.decision, plan.prefills,
                     plan.decode, plan.events)
 
+    @functools.cache  # noqa: B019 - one checker per policy and layout, a handful of sizes
+    def _stepwise(self, chunk: int) -> Bounds:
+        # The claims checked at each step: the queue wait, when tracked as a path, is not.
+        bounds = self.bounds(chunk)
+        return dataclasses.replace(bounds, queue_ticks=None) if self.queue_paths else bounds
+
     def _decide(self, state: TickState, policy: Policy) -> Decision:
         # The real decide_tick, remembered: it is pure, and many worlds share a TickState.
         decision = self._decisions.get(state)
         if decision is None:
             decision = self._decisions[state] = decide_tick(state, policy)
         return decision
+
+
+def _observing(key: Key) -> bool:
+    return any(r[1] for r in key[2:])
+
+
+def _moved(nxt: World, nkey: Key) -> Moved:
+    # The marked wait grew (or stayed) unless the tick restarted it; None: it left, or the
+    # key stopped observing it.
+    wait = next((s.queue for s in nxt.seqs if s.observed), None)
+    if wait is None or not _observing(nkey):
+        return None
+    return (False, wait - _MARK) if wait >= _MARK else (True, wait)

@@ -48,6 +48,29 @@ def test_the_memory_layout_queues_and_preempts():
     assert report.bounds.queue_ticks is not None and report.bounds.preemptions is not None
 
 
+@pytest.mark.parametrize("name", ["mixed_step", "token_budget", "deadline"])
+def test_the_queue_wait_as_a_longest_path_is_the_wait_tracked_in_the_keys(name):
+    policy = make_policy(name, QUICK.get(name))
+    paths, keyed = Checker(policy, MEMORY), Checker(policy, MEMORY, queue_paths=False)
+    assert paths.queue_paths and not keyed.queue_paths
+    by_paths, by_keys = paths.run(), keyed.run()
+    assert by_paths.max_seen == by_keys.max_seen
+    assert by_paths.max_seen["queue_ticks"] >= 2
+    assert by_paths.ok and by_keys.ok
+    assert by_paths.states < by_keys.states  # keys without the wait: fewer states
+
+
+def test_a_queue_claim_one_smaller_than_the_truth_is_caught(variant):
+    truth = Checker(make_policy("mixed_step"), MEMORY, queue_paths=False).run() \
+        .max_seen["queue_ticks"]
+    path = variant("mixed_step", claims={"queue_ticks": str(truth - 1)})
+    checker, report = check(path, layout=MEMORY)
+    assert checker.queue_paths
+    violation, labels, chunk = report.counterexamples["queue_ticks"]
+    run = replay(checker, labels, chunk)  # the Scheduler itself breaks it
+    assert "queue_ticks" in {v.name for v in run.violations}
+
+
 def test_the_streams_layout_leaves_the_arrival_claims_unbounded():
     _, report = check("deadline")
     assert report.bounds.queue_ticks is None and report.bounds.ttft(3) is None
@@ -175,7 +198,7 @@ def quotient(reduced: Checker, naive: Checker) -> set:
                 marked = world._replace(seqs=tuple(s._replace(observed=(j == i))
                                                    for j, s in enumerate(world.seqs)))
                 keys.add((chunk, reduced.key(marked)))
-            for _, nkey, violations in naive._successors(key, chunk, layout, report):
+            for _, nkey, violations, _ in naive._successors(key, chunk, layout, report):
                 assert not violations
                 if nkey not in seen:
                     seen.add(nkey)
