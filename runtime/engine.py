@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.admission import Admission
-from runtime.api import EngineDead, GenerationRequest, Sink
+from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
 from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
@@ -29,7 +29,7 @@ from runtime.requests import LiveRequest, kv_tokens
 from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
 from statemachine.tick import TickState, make_policy
-from statemachine.trace import TraceLog
+from statemachine.trace import TickRecord, TraceEvent, TraceLog
 from statemachine.world import Layout, Plan, admissible
 
 log = logging.getLogger("fairtick.engine")
@@ -71,7 +71,7 @@ class Engine:
         self.bundle = bundle or load_model(config.model)
         self.metrics = EngineMetrics()
         self.registry = self.metrics.registry
-        self.trace = TraceLog(config.trace_capacity)
+        self.trace = TraceLog(config.trace_capacity, started=time.time())
         self.kv = make_kv_budget(self.bundle.model, config.max_kv_tokens)
         self.metrics.kv_budget.set(self.kv.tokens)
         self.layout = Layout(config.max_running, config.prefill_chunk_size, self.kv.tokens)
@@ -119,7 +119,23 @@ class Engine:
             self._thread.join(timeout=30)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue a request; `sink` receives its events on the engine thread."""
+        """Queue a request; `sink` receives its events on the engine thread. A refusal
+        (EngineDead, EngineFull, ValueError) is raised, and recorded in the trace."""
+        try:
+            self._accept(request)
+        except (EngineDead, EngineFull, ValueError) as exc:
+            reason = {EngineDead: "engine_unavailable", EngineFull: "queue_full"}.get(
+                type(exc), "invalid_request")
+            self.trace.record(TraceEvent(self.scheduler.tick, None, None, None, "refuse",
+                                         reason, time.time(), request.request_id, "refusal"))
+            raise
+        self._inbox.put(("submit", (request, sink, time.monotonic())))
+        self._wake.set()
+        if not self.alive:  # it died after the check above: answer and release the request
+            self._drain_inbox(refuse=f"engine stopped: {self.error or 'stopped'}")
+
+    def _accept(self, request: GenerationRequest) -> None:
+        # Every check a request must pass, then its place in the admission queue.
         if not self.alive or not self._accepting:
             raise EngineDead(f"the engine is not running ({self.error or 'stopped'})")
         need = kv_tokens(request)
@@ -134,10 +150,6 @@ class Engine:
         if problem is not None:
             raise ValueError(f"{problem} (--max-kv-tokens); lower max_tokens or the prompt")
         self.admission.reserve()
-        self._inbox.put(("submit", (request, sink, time.monotonic())))
-        self._wake.set()
-        if not self.alive:  # it died after the check above: answer and release the request
-            self._drain_inbox(refuse=f"engine stopped: {self.error or 'stopped'}")
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next tick, whatever state it is in."""
@@ -210,7 +222,7 @@ class Engine:
                 self._by_request[request.request_id] = live.seq_id
                 with self._lock:
                     self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
-                                          request.sampling.max_tokens)
+                                          request.sampling.max_tokens, request.request_id)
                 self.executor.add(live.seq_id, request.prompt_tokens, request.sampling)
             elif kind == "abort" and item in self._by_request:
                 self._retire(self._by_request[item], "abort")
@@ -221,6 +233,7 @@ class Engine:
         self._target_s = None
         budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
+            plan_tick = self.scheduler.tick
             plan = self.scheduler.schedule(budget)
         self._preempt(plan)
         self._note_admissions(time.monotonic())
@@ -234,6 +247,10 @@ class Engine:
             self._retire(seq_id, None)
         self._record(plan)
         end = time.perf_counter()
+        self.trace.tick(TickRecord(
+            plan_tick, time.time() - (end - start), end - start, plan.decision.action,
+            plan.decision.rule, len(plan.decode), sum(w.num_tokens for w in plan.prefills),
+            sum(s.kv_cached for s in self.scheduler.world().seqs)))
         self.costs.observe(shape, end - start, self._target_s)
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))

@@ -226,7 +226,16 @@ def trace_main(argv: Sequence[str]) -> int:
                                 description="Print a running server's scheduler transitions.")
     p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     p.add_argument("--since", type=int, default=0, metavar="T", help="first tick to show")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N events")
+    p.add_argument("--since-s", type=float, default=None, metavar="S",
+                   help="events from S seconds after the server started")
+    p.add_argument("--state", default=None, help="events from or to this lifecycle state")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="the latest N events")
+    p.add_argument("--request", default=None, metavar="ID",
+                   help="one request's story: each stretch it spent queued, prefilling and "
+                   "decoding, in seconds, with the rules that kept it waiting")
+    p.add_argument("--perfetto", metavar="FILE", default=None,
+                   help="write the trace in the Trace Event Format (JSON) for ui.perfetto.dev "
+                   "or chrome://tracing")
     p.add_argument("--json", action="store_true", help="raw JSON lines instead of a table")
     p.add_argument("--png", metavar="FILE", default=None,
                    help="draw the trace as a PNG picture (one lane per sequence, coloured by "
@@ -246,7 +255,10 @@ def trace_main(argv: Sequence[str]) -> int:
             return 1
         text = file_text
     else:
-        query = {"since": args.since, **({"limit": args.limit} if args.limit is not None else {})}
+        query = {"since": args.since, "limit": args.limit, "since_s": args.since_s,
+                 "state": args.state, "request_id": args.request,
+                 "format": "perfetto" if args.perfetto else None}
+        query = {k: v for k, v in query.items() if v is not None}
         url = f"{args.url.rstrip('/')}/debug/trace?{urllib.parse.urlencode(query)}"
         auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         try:
@@ -260,6 +272,14 @@ def trace_main(argv: Sequence[str]) -> int:
         except (urllib.error.URLError, OSError) as exc:
             print(f"fairtick trace: cannot reach {url}: {exc}", file=sys.stderr)
             return 1
+    if args.perfetto is not None:
+        return _write_perfetto(text, args.perfetto, from_server=args.file is None)
+    if args.request is not None:
+        from statemachine.trace_story import format_request
+
+        print(format_request((json.loads(line) for line in text.splitlines() if line.strip()),
+                             args.request))
+        return 0
     if args.png is not None:
         from server.trace_png import trace_end_tick, write_trace_png
 
@@ -271,4 +291,21 @@ def trace_main(argv: Sequence[str]) -> int:
     from statemachine.trace import format_table
 
     print(format_table(json.loads(line) for line in text.splitlines() if line.strip()))
+    return 0
+
+
+def _write_perfetto(text: str, path: str, from_server: bool) -> int:
+    # The server sends the Trace Event Format itself (with its ticks); a file of JSON lines
+    # is converted here (events only).
+    if not from_server:
+        from server.trace_perfetto import to_perfetto
+
+        text = json.dumps(to_perfetto([json.loads(line) for line in text.splitlines()
+                                       if line.strip()]))
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"fairtick trace: cannot write {path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}: open it in https://ui.perfetto.dev or chrome://tracing")
     return 0

@@ -39,11 +39,34 @@ async def metrics(request: Request) -> HTTPResponse:
     return raw(generate_latest(request.app.ctx.engine.registry), content_type=CONTENT_TYPE_LATEST)
 
 
+TRACE_PARAMS = ("since", "since_s", "request_id", "state", "limit", "format")
+TRACE_FORMATS = ("jsonl", "perfetto")
+
+
 async def debug_trace(request: Request) -> HTTPResponse:
-    """Recorded transitions as JSON lines: `since` (tick, inclusive) and `limit` (events)."""
+    """The trace (statemachine/trace.py) as JSON lines, or `format=perfetto` (the Trace Event
+    Format, with the engine's ticks). Filters: `since` (tick, inclusive), `since_s` (seconds
+    since the server started), `request_id`, `state` (events from or to it), `limit` (the
+    latest N). Any other parameter is a 400."""
+    unknown = sorted(set(request.args) - set(TRACE_PARAMS))
+    if unknown:
+        raise invalid(f"unknown query parameter `{unknown[0]}`; /debug/trace takes "
+                      f"{', '.join(TRACE_PARAMS)}", unknown[0])
+    fmt = request.args.get("format") or "jsonl"
+    if fmt not in TRACE_FORMATS:
+        raise invalid(f"query parameter `format` must be one of {', '.join(TRACE_FORMATS)}, "
+                      f"got {fmt!r}", "format")
+    trace = request.app.ctx.engine.trace
     since = _query_int(request, "since", 0, minimum=0)
-    limit = _query_int(request, "limit", None, minimum=1)
-    events = request.app.ctx.engine.trace.events(since_tick=since, limit=limit)
+    events = trace.events(since_tick=since, limit=_query_int(request, "limit", None, minimum=1),
+                          request_id=request.args.get("request_id") or None,
+                          since_s=_query_float(request, "since_s"),
+                          state=request.args.get("state") or None)
+    if fmt == "perfetto":
+        from server.trace_perfetto import to_perfetto
+
+        body = to_perfetto(events, trace.ticks(since), trace.started)
+        return raw(jsonlib.dumps(body).encode(), content_type="application/json")
     lines = "".join(jsonlib.dumps(event, default=str) + "\n" for event in events)
     return raw(lines.encode(), content_type="application/x-ndjson")
 
@@ -81,6 +104,20 @@ def blas_state() -> dict[str, str | None]:
     blas = load_blas()
     return {"setting": blas.setting, "library": str(blas.library) if blas.library else None,
             "config": blas.config, "reason": blas.reason}
+
+
+def _query_float(request: Request, name: str) -> float | None:
+    text = request.args.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= MAX_QUERY_INT:  # NaN fails too
+        raise invalid(f"query parameter `{name}` must be a number of seconds >= 0, got "
+                      f"{text!r}", name)
+    return value
 
 
 def _query_int(request: Request, name: str, default: int | None, minimum: int) -> int | None:

@@ -80,7 +80,8 @@ def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None,
     terminal = {life.state_of[r] for r in TERMINAL_ROLES if life.has(r)}
     by_seq: dict[int, list[dict[str, Any]]] = {}
     for e in events:
-        by_seq.setdefault(int(e["seq"]), []).append(e)
+        if e.get("seq") is not None and e.get("kind", "transition") in ("transition", "arrival"):
+            by_seq.setdefault(int(e["seq"]), []).append(e)
     starts = {seq: [e["tick"] + (e["trigger"] in AFTER_WORK) for e in evs]
               for seq, evs in by_seq.items()}
     last = max((t for ts in starts.values() for t in ts), default=0) + 1
@@ -158,7 +159,8 @@ def read_trace_file(path: str, since: int = 0, limit: int | None = None) -> str 
     if len(traces) > 1:
         print(f"fairtick trace: {len(traces)} traces in {path}; using the first",
               file=sys.stderr)
-    events = [e for e in (traces[0] if traces else []) if e["tick"] >= since][:limit]
+    events = [e for e in (traces[0] if traces else []) if e["tick"] >= since]
+    events = events[-limit:] if limit is not None else events
     return "".join(json.dumps(e) + "\n" for e in events)
 
 

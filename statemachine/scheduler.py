@@ -60,6 +60,7 @@ class Scheduler:
         self.tick = 0
         self._world = World()  # the records, in arrival order; the models hold the states
         self._live: dict[int, SeqModel] = {}
+        self._names: dict[int, str] = {}  # seq -> the request id the trace shows
         self._most = {"seqs": 1, "chunks": 1, "tokens": 1, "grants": 1, "max_tokens": 0,
                       "unlimited": 0}
         self._bounds: dict[tuple[int, ...], Bounds] = {}
@@ -69,8 +70,10 @@ class Scheduler:
             self._fixed = None
 
     # -- requests in -------------------------------------------------------------------
-    def submit(self, seq_id: int, prompt_tokens: int, max_tokens: int | None = None) -> SeqModel:
-        """Queue a new sequence; ValueError if it could never run in this layout."""
+    def submit(self, seq_id: int, prompt_tokens: int, max_tokens: int | None = None,
+               request_id: str | None = None) -> SeqModel:
+        """Queue a new sequence; ValueError if it could never run in this layout.
+        `request_id` names it in the trace."""
         if seq_id in self._live or (self._live and seq_id < max(self._live)):
             raise ValueError(f"sequence ids must increase: {seq_id} after {max(self._live)}")
         problem = admissible(prompt_tokens, max_tokens, self.layout.kv_budget)
@@ -80,7 +83,12 @@ class Scheduler:
         model = SeqModel(rec)
         self.machine.add_model(model, initial=self.lifecycle.initial)
         self._live[seq_id] = model
+        if request_id is not None:
+            self._names[seq_id] = request_id
         self._world = self._world._replace(seqs=(*self._world.seqs, rec))
+        self.trace.record(TraceEvent(self.tick, seq_id, None, model.state, "arrive", "arrival",
+                                     self.clock(), request_id, "arrival",
+                                     self.lifecycle.role_of[model.state].word))
         chunks = -(-prompt_tokens // self.layout.chunk_size)
         for key, value in (("seqs", len(self._live)), ("chunks", chunks),
                            ("tokens", prompt_tokens), ("max_tokens", max_tokens or 0),
@@ -103,6 +111,13 @@ class Scheduler:
         plan = begin_tick(self._world, self.policy, self.lifecycle, self.layout, budget)
         self._world = plan.world
         self._apply(plan.events)
+        # Why the queued still wait: no running place, or no KV room (admission is in order;
+        # a paused sequence waits for KV room to decode again).
+        full = plan.state.num_running >= self.layout.max_running
+        for role, why in ((Role.QUEUED, "running_limit" if full else "kv_budget"),
+                          (Role.PREEMPTED, "running_limit" if full else "kv_budget"),
+                          (Role.PAUSED, "kv_budget")):
+            self._waited([s.seq_id for s in plan.world.seqs if s.role is role], why)
         if self.check:
             self._raise(check_decision(plan.state, plan.decision))
         return plan
@@ -114,6 +129,10 @@ class Scheduler:
                                 plan.decode, plan.events), self.lifecycle)
         self._world = outcome.world
         self._apply(outcome.events)
+        granted = set(plan.decision.granted)
+        self._waited([s.seq_id for s in outcome.world.seqs
+                      if s.role is Role.PARKED and s.seq_id not in granted],
+                     plan.decision.rule)
         for _, _, grants in outcome.completed:
             self._most["grants"] = max(self._most["grants"], grants)
         self.tick += 1
@@ -188,16 +207,27 @@ class Scheduler:
                 raise AssertionError(f"the machine moved seq {e.seq_id} to {role}, the step "
                                      f"function to {e.dst}")
             self.trace.record(TraceEvent(self.tick if tick is None else tick, e.seq_id, src,
-                                         model.state, e.trigger.value, e.rule, self.clock()))
+                                         model.state, e.trigger.value, e.rule, self.clock(),
+                                         self._names.get(e.seq_id), role=role.word))
             if role.terminal:
                 self.machine.remove_model(model)
                 del self._live[e.seq_id]
+                self._names.pop(e.seq_id, None)
+                self.trace.left(e.seq_id)
         if self.check:
             for rec in self._world.seqs:
                 state = self._live[rec.seq_id].state
                 if self.lifecycle.role_of[state] is not rec.role:
                     raise AssertionError(f"seq {rec.seq_id} is {state!r} in the machine but "
                                          f"{rec.role.word} in the step function")
+
+    def _waited(self, seq_ids: list[int], rule: str) -> None:
+        # Compressed into runs by the trace: a long wait is a few events, not one a tick.
+        now = self.clock()
+        for seq_id in seq_ids:
+            state = self._live[seq_id].state
+            self.trace.waited(seq_id, self._names.get(seq_id), state,
+                              self.lifecycle.role_of[state].word, rule, self.tick, now)
 
     def _raise(self, violations: list[Violation]) -> None:
         if violations:

@@ -10,6 +10,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,6 +29,8 @@ METRICS = (
     "fairtick_parked_wait_ticks", "fairtick_requests_running", "fairtick_requests_waiting",
     "fairtick_requests_parked", "fairtick_prompt_tokens", "fairtick_generation_tokens",
 )
+TRACE_SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "trace-event.schema.json")
+                          .read_text())
 LONG = 4000  # max_tokens of a stream that a test cuts off long before it ends
 
 
@@ -45,27 +48,57 @@ def test_metrics_parse_and_name_every_design_metric(server):
     assert server.gauges()["fairtick_generation_tokens_total"] >= 2
 
 
-def trace_events(server, since: int = 0) -> list[dict]:
-    text = get(server.url, f"/debug/trace?since={since}").body.decode()
+def trace_events(server, since: int = 0, **query: object) -> list[dict]:
+    args = urllib.parse.urlencode({"since": since, **query})
+    text = get(server.url, f"/debug/trace?{args}").body.decode()
     return [json.loads(line) for line in text.splitlines()]
 
 
 def test_trace_shows_a_requests_whole_lifecycle(server):
-    before = len(trace_events(server))
     prompt = "x" * 40  # two 32-token chunks
-    post(server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 3})
-    events = trace_events(server)[before:]
+    reply = post(server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 3}).json()
+    events = trace_events(server, request_id=reply["id"])  # the id the client saw
     assert {e["seq"] for e in events} == {events[0]["seq"]}, "one request, one sequence"
-    triggers = [e["trigger"] for e in events]
+    assert events[0]["kind"] == "arrival" and events[0]["to"] == WAITING
+    triggers = [e["trigger"] for e in events if e["kind"] == "transition"]
     assert triggers[0] == ADMIT and triggers[-1] == FINISH, triggers
     # At least two chunks (the policy may size them smaller); every grant ends in a chunk_done.
     assert triggers.count(GRANT) >= 2, triggers
     assert triggers.count(GRANT) == triggers.count(CHUNK_DONE), triggers
     assert events[-1]["to"] == FINISHED
-    assert all(set(e) >= {"tick", "time", "seq", "from", "to", "trigger", "rule"} for e in events)
+    for e in events:
+        jsonschema.validate(e, TRACE_SCHEMA)
     ticks = [e["tick"] for e in events]
     assert ticks == sorted(ticks)
     assert trace_events(server, since=ticks[-1])[0]["tick"] == ticks[-1]
+    times = [e["t_s"] for e in events]
+    assert times == sorted(times)
+    assert trace_events(server, since_s=times[-1], request_id=reply["id"]) == \
+        [e for e in events if e["t_s"] >= times[-1]]
+
+
+def test_trace_filters_and_refuses_unknown_parameters(server):
+    post(server.url, "/v1/completions", {"prompt": "abc", "max_tokens": 2})
+    every = trace_events(server)
+    assert trace_events(server, limit=3) == every[-3:], "limit keeps the latest"
+    finished = trace_events(server, state=FINISHED)
+    assert finished and all(FINISHED in (e["from"], e["to"]) for e in finished)
+    for query, param in (("tick=3", "tick"), ("limit=0", "limit"), ("since_s=-1", "since_s"),
+                         ("format=csv", "format")):
+        reply = get(server.url, f"/debug/trace?{query}")
+        assert reply.status == 400, query
+        assert reply.json()["error"]["param"] == param
+
+
+def test_trace_exports_perfetto(server):
+    reply = post(server.url, "/v1/completions", {"prompt": "perfetto", "max_tokens": 2}).json()
+    out = get(server.url, "/debug/trace?format=perfetto").json()
+    events = out["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert any(reply["id"] in name for name in names), "a track named by the request id"
+    ticks = [e for e in events if e["ph"] == "X" and e.get("cat") == "tick"]
+    assert ticks and all(e["pid"] == 2 and e["dur"] >= 0 and e["ts"] >= 0 for e in ticks)
+    assert {"batch", "kv_tokens"} <= {e["name"] for e in events if e["ph"] == "C"}
 
 
 def test_debug_state_names_the_policy_and_its_parameters(server):
