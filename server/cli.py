@@ -240,6 +240,9 @@ def trace_main(argv: Sequence[str]) -> int:
     p.add_argument("--png", metavar="FILE", default=None,
                    help="draw the trace as a PNG picture (one lane per sequence, coloured by "
                    "state) instead of printing it")
+    p.add_argument("--ticks", action="store_true",
+                   help="--png: ticks on the x axis instead of seconds (traces without times, "
+                   "such as `fairtick check` output, are drawn by tick anyway)")
     p.add_argument("--file", metavar="JSONL", default=None,
                    help="read trace JSON lines (or `fairtick check` output) from a file "
                    "instead of --url")
@@ -284,7 +287,7 @@ def trace_main(argv: Sequence[str]) -> int:
         from server.trace_png import trace_end_tick, write_trace_png
 
         end_tick = trace_end_tick(args.file, args.url)
-        return write_trace_png(text, args.png, args.file or args.url, end_tick)
+        return write_trace_png(text, args.png, args.file or args.url, end_tick, args.ticks)
     if args.json:
         sys.stdout.write(text)
         return 0

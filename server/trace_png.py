@@ -1,7 +1,9 @@
-"""A picture of a scheduler trace: one lane per sequence across ticks, coloured by lifecycle
-state, so a starvation (a long parked lane beside decoding ones) or its absence shows at a
-glance. Reads the JSON lines of /debug/trace or of `fairtick check` (whose counterexamples
-print them indented among other text).
+"""A picture of a scheduler trace: one lane per sequence, coloured by lifecycle state, so a
+starvation (a long parked lane beside decoding ones) or its absence shows at a glance. The x
+axis is seconds since the server started (a 0.4 s prefill chunk is as wide as 130 decode steps
+of 3 ms), or ticks on request and for traces without times (`fairtick check` output). Reads
+the JSON lines of /debug/trace or of `fairtick check` (whose counterexamples print them
+indented among other text). The legend shows the states drawn.
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ CHECK_STEP = re.compile(r"^\s*\d+\. tick (\d+):", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Span:
-    """`seq` was in `state` during ticks [start_tick, end_tick)."""
+    """`seq` was in `state` during [start, end): ticks, or seconds since the server started."""
 
     seq: int
     state: str
-    start_tick: int
-    end_tick: int
+    start: float
+    end: float
 
 
 def parse_trace_lines(text: str) -> list[list[dict[str, Any]]]:
@@ -72,16 +74,49 @@ def state_colours(life: Lifecycle | None = None) -> dict[str, str]:
             if life.has(role)}
 
 
-def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None,
-               life: Lifecycle | None = None) -> list[Span]:
-    """The state spans of every sequence; a live one's last span runs to `end_tick` (default:
-    one past the last event), a terminal state is one tick wide."""
+def has_times(events: Iterable[dict[str, Any]]) -> bool:
+    """Whether every event has its seconds since the server started (server traces do)."""
+    return all(e.get("t_s") is not None for e in _moves(events))
+
+
+def time_spans(events: Iterable[dict[str, Any]], life: Lifecycle | None = None) -> list[Span]:
+    """The state spans of every sequence in seconds since the server started; a live one's
+    last span runs to the latest event, a terminal state is drawn 1/200 of the whole wide."""
     life = life or load_lifecycle()
     terminal = {life.state_of[r] for r in TERMINAL_ROLES if life.has(r)}
     by_seq: dict[int, list[dict[str, Any]]] = {}
-    for e in events:
-        if e.get("seq") is not None and e.get("kind", "transition") in ("transition", "arrival"):
-            by_seq.setdefault(int(e["seq"]), []).append(e)
+    for e in _moves(events):
+        by_seq.setdefault(int(e["seq"]), []).append(e)
+    times = [e["t_s"] for evs in by_seq.values() for e in evs]
+    first, last = min(times, default=0.0), max(times, default=0.0)
+    mark = max(last - first, 1e-3) / 200
+    spans = []
+    for seq, evs in sorted(by_seq.items()):
+        for i, e in enumerate(evs):
+            start = e["t_s"]
+            stop = evs[i + 1]["t_s"] if i + 1 < len(evs) else last
+            if e["to"] in terminal:
+                stop = start + mark
+            if stop > start:
+                spans.append(Span(seq, e["to"], start, stop))
+    return spans
+
+
+def _moves(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    # What changes a lane: arrivals and transitions (waits and refusals do not).
+    return [e for e in events if e.get("seq") is not None
+            and e.get("kind", "transition") in ("transition", "arrival")]
+
+
+def lane_spans(events: Iterable[dict[str, Any]], end_tick: int | None = None,
+               life: Lifecycle | None = None) -> list[Span]:
+    """The state spans of every sequence in ticks; a live one's last span runs to `end_tick`
+    (default: one past the last event), a terminal state is one tick wide."""
+    life = life or load_lifecycle()
+    terminal = {life.state_of[r] for r in TERMINAL_ROLES if life.has(r)}
+    by_seq: dict[int, list[dict[str, Any]]] = {}
+    for e in _moves(events):
+        by_seq.setdefault(int(e["seq"]), []).append(e)
     starts = {seq: [e["tick"] + (e["trigger"] in AFTER_WORK) for e in evs]
               for seq, evs in by_seq.items()}
     last = max((t for ts in starts.values() for t in ts), default=0) + 1
@@ -105,9 +140,10 @@ def figure_size_px(num_lanes: int) -> tuple[int, int]:
 
 
 def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None = None,
-               end_tick: int | None = None) -> tuple[int, int]:
-    """Draw `events` to a PNG at `path`; returns its (width, height) in pixels. With more than
-    MAX_LANES sequences, the most recent ones are drawn."""
+               end_tick: int | None = None, by_tick: bool = False) -> tuple[int, int]:
+    """Draw `events` to a PNG at `path` (x axis in seconds, or in ticks with `by_tick` or when
+    the events have no times); returns its (width, height) in pixels. With more than MAX_LANES
+    sequences, the most recent ones are drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,8 +151,10 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    colours = state_colours()
-    spans = lane_spans(events, end_tick)
+    by_tick = by_tick or not has_times(events)
+    spans = lane_spans(events, end_tick) if by_tick else time_spans(events)
+    drawn = {s.state for s in spans}
+    colours = {state: c for state, c in state_colours().items() if state in drawn}
     seqs = sorted({s.seq for s in spans})
     shown = seqs[-MAX_LANES:]
     lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
@@ -124,20 +162,20 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     fig, ax = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     for state, colour in colours.items():
         for seq in shown:
-            bars = [(s.start_tick, s.end_tick - s.start_tick) for s in spans
+            bars = [(s.start, s.end - s.start) for s in spans
                     if s.seq == seq and s.state == state]
             if bars:
                 ax.broken_barh(bars, (lane_of[seq] - 0.4, 0.8), facecolors=colour)
     ax.set_yticks(range(len(shown)), [f"seq {seq}" for seq in reversed(shown)],
                   fontsize=8 if len(shown) < 30 else 6)
     ax.set_ylim(-0.6, len(shown) - 0.4)
-    ax.set_xlabel("tick")
-    ticks = [t for s in spans for t in (s.start_tick, s.end_tick)]
-    ax.set_xlim(min(ticks, default=0), max(ticks, default=1))
+    ax.set_xlabel("tick" if by_tick else "seconds since the server started")
+    ends = [t for s in spans for t in (s.start, s.end)]
+    ax.set_xlim(min(ends, default=0), max(ends, default=1))
     hidden = f" ({len(seqs) - len(shown)} older sequences not shown)" if len(seqs) > MAX_LANES \
         else ""
     ax.set_title((title or f"fairtick trace: {len(seqs)} sequences") + hidden, fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=by_tick))
     ax.grid(True, axis="x", alpha=0.3)
     fig.legend(handles=[Patch(facecolor=c, label=s) for s, c in colours.items()],
                loc="lower center", ncol=len(colours), fontsize=8, frameon=False)
@@ -185,7 +223,8 @@ def current_tick(url: str) -> int | None:
         return None
 
 
-def write_trace_png(text: str, png: str, source: str, end_tick: int | None = None) -> int:
+def write_trace_png(text: str, png: str, source: str, end_tick: int | None = None,
+                    by_tick: bool = False) -> int:
     """`fairtick trace --png`: draw the first trace in `text`; the exit status."""
     traces = parse_trace_lines(text)
     if not traces:
@@ -195,6 +234,6 @@ def write_trace_png(text: str, png: str, source: str, end_tick: int | None = Non
     last = max(end_tick or 0, max(e["tick"] for e in events))
     title = f"fairtick trace of {source}: {len({e['seq'] for e in events})} sequences, " \
         f"ticks {events[0]['tick']}..{last}"
-    width, height = render_png(events, png, title, end_tick)
+    width, height = render_png(events, png, title, end_tick, by_tick)
     print(f"wrote {png} ({width}x{height}, {len(events)} events)")
     return 0

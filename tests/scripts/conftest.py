@@ -43,11 +43,12 @@ def png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
-    """What a `fairtick trace --png` picture shows: its lanes, top to bottom, each as the states
-    its bars show from left to right (repeats merged: grid lines cut a bar in pieces), read back
-    by colour through the legend's key. The legend (the one band that holds every state's
-    colour) is not a lane; text and axis lines are told from bars by their size."""
+def png_bars(path: Path, min_run_px: int = 3) -> list[list[tuple[str, int]]]:
+    """What a `fairtick trace --png` picture shows: its lanes, top to bottom, each as the bars
+    it shows from left to right, (state, width in pixels), pieces of one state merged (grid
+    lines cut a bar in pieces), read back by colour. The legend (the lowest band: its keys
+    are the states drawn, no more and no fewer) is checked and left out; text and axis lines
+    are told from bars by their size."""
     import matplotlib.image as mpimg
     import numpy as np
 
@@ -65,15 +66,27 @@ def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
     for top, bottom in bands:
         if bottom - top + 1 < min_run_px:
             continue
-        middle, states = (top + bottom) // 2, []
+        middle, bars = (top + bottom) // 2, []
         for state, mask in masks.items():
             row = np.concatenate([[0], mask[middle].astype(int), [0]])
             starts, ends = np.flatnonzero(np.diff(row) == 1), np.flatnonzero(np.diff(row) == -1)
-            states += [(int(x), state) for x, end in zip(starts, ends, strict=True)
-                       if end - x >= min_run_px]
-        ordered = [state for _, state in sorted(states)]
-        if ordered:
-            lanes.append([s for i, s in enumerate(ordered) if i == 0 or ordered[i - 1] != s])
-    legend = [lane for lane in lanes if set(lane) == set(state_colours())]
-    assert len(legend) == 1, f"no legend (or two) in {path}: {lanes}"
-    return [lane for lane in lanes if lane is not legend[0]]
+            bars += [(int(x), int(end), state) for x, end in zip(starts, ends, strict=True)
+                     if end - x >= min_run_px]
+        merged: list[tuple[str, int]] = []
+        for x, end, state in sorted(bars):
+            if merged and merged[-1][0] == state:
+                merged[-1] = (state, merged[-1][1] + end - x)
+            else:
+                merged.append((state, end - x))
+        if merged:
+            lanes.append(merged)
+    assert lanes, f"nothing drawn in {path}"
+    *lanes, legend = lanes
+    drawn = {state for lane in lanes for state, _ in lane}
+    assert {state for state, _ in legend} == drawn, f"legend {legend} for states {drawn}"
+    return lanes
+
+
+def png_lanes(path: Path, min_run_px: int = 3) -> list[list[str]]:
+    """The states of each lane of `png_bars`, left to right."""
+    return [[state for state, _ in lane] for lane in png_bars(path, min_run_px)]

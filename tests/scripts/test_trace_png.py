@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from server.cli import main as fairtick
 from server.trace_png import MAX_LANES, Span, lane_spans
 from tests.lifecycle_names import (
@@ -27,7 +29,7 @@ from tests.lifecycle_names import (
     RESUME,
     WAITING,
 )
-from tests.scripts.conftest import png_lanes, png_size
+from tests.scripts.conftest import png_bars, png_lanes, png_size
 from tests.server.http_helpers import get, post
 
 
@@ -50,14 +52,44 @@ def test_png_of_a_real_trace(mixed_server, tmp_path, capsys):
     text = get(mixed_server.url, "/debug/trace").body.decode()
     trace = [json.loads(line) for line in text.splitlines()]
     png = tmp_path / "trace.png"
-    assert fairtick(["trace", "--url", mixed_server.url, "--png", str(png)]) == 0
+    assert fairtick(["trace", "--url", mixed_server.url, "--png", str(png), "--ticks"]) == 0
     assert wrote(capsys.readouterr().out) == png_size(png)
-    seqs = sorted({e["seq"] for e in trace})
+    seqs = sorted({e["seq"] for e in trace if e["seq"] is not None})
     assert len(seqs) == 2
     expected = [merged([s.state for s in lane_spans(trace) if s.seq == seq]) for seq in seqs]
     assert png_lanes(png) == expected
     for lane in expected:  # each ran its chunks, decoded and finished
         assert lane[-3:] == [PREFILLING, DECODING, FINISHED], lane
+    # By default, in seconds: the same two lanes, each ending decoded and finished.
+    timed = tmp_path / "timed.png"
+    assert fairtick(["trace", "--url", mixed_server.url, "--png", str(timed)]) == 0
+    assert "seconds" not in capsys.readouterr().err
+    lanes = png_lanes(timed)
+    assert len(lanes) == 2 and all(lane[-2:] == [DECODING, FINISHED] for lane in lanes), lanes
+
+
+def test_png_widths_are_seconds(tmp_path):
+    # seq 0: waiting 1.0 s, parked 0.5 s, prefilling 2.0 s, decoding 0.5 s; by tick, the
+    # prefilling bar is one tick and waiting none.
+    moves = [(0.0, 0, 0, None, WAITING, "arrive"), (1.0, 0, 0, WAITING, PARKED, ADMIT),
+             (1.5, 1, 0, PARKED, PREFILLING, GRANT), (3.5, 1, 0, PREFILLING, DECODING, CHUNK_DONE),
+             (4.0, 9, 0, DECODING, FINISHED, FINISH)]
+    source = tmp_path / "timed.jsonl"
+    source.write_text("".join(json.dumps(
+        {"tick": tick, "time": 1e9 + t, "t_s": t, "seq": seq, "kind": "arrival" if a is None
+         else "transition", "from": a, "to": b, "trigger": trig, "rule": "r"}) + "\n"
+        for t, tick, seq, a, b, trig in moves))
+    png = tmp_path / "timed.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
+    [lane] = png_bars(png)
+    assert [state for state, _ in lane] == [WAITING, PARKED, PREFILLING, DECODING, FINISHED]
+    width = dict(lane)
+    assert width[PREFILLING] / width[PARKED] == pytest.approx(4, rel=0.1)
+    assert width[WAITING] / width[PARKED] == pytest.approx(2, rel=0.1)
+    assert width[DECODING] / width[PARKED] == pytest.approx(1, rel=0.1)
+    by_tick = tmp_path / "ticks.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(by_tick), "--ticks"]) == 0
+    assert png_lanes(by_tick) == [[PARKED, PREFILLING, DECODING, FINISHED]]
 
 
 def test_png_of_a_check_counterexample(tmp_path):
