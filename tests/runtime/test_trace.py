@@ -93,6 +93,11 @@ def test_the_story_of_a_preempted_request_is_a_few_lines_in_seconds(pressured):
     assert lines[0].startswith(f"request {rid} (seq ")
     assert len(lines) <= 12, story
     assert any("queued" in line and "under kv_budget" in line for line in lines), story
+    # It parked beside decoding streams: the policy's rule that kept it there is named.
+    rules = {e["rule"] for e in events if e["request_id"] == rid and e["kind"] == "wait"
+             and e["role"] == "parked"}
+    assert rules and all(any("prefill" in line and f"under {rule}" in line for line in lines)
+                         for rule in rules), story
     assert any(line.strip().startswith(("0.000", "0.0")) for line in lines[1:]), story
     preemptions = sum(e["role"] == "preempted" and e["kind"] == "transition"
                       for e in events if e["request_id"] == rid)
