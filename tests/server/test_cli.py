@@ -16,7 +16,7 @@ from server.config import ServerConfig
 from server.policy_flags import flag_dest, resolve_policy_params
 from server.validation import DEFAULT_CHAT_MAX_TOKENS
 from statemachine.spec import load_policy
-from tests.lifecycle_names import ADMIT
+from tests.lifecycle_names import ADMIT, FINISHED
 from tests.server.http_helpers import post
 from tests.server.serving import serve
 
@@ -205,14 +205,17 @@ def traced_url(bundle):
 def test_trace_prints_a_table(traced_url, capsys):
     assert main(["trace", "--url", traced_url]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["tick", "seq", "from", "to", "trigger", "rule"]
-    assert ADMIT in out[1].split()
+    assert out[0].split() == ["tick", "t_s", "request", "seq", "from", "to", "trigger", "rule"]
+    assert "arrive" in out[1].split() and ADMIT in out[2].split()
 
 
 def test_trace_json_lines(traced_url, capsys):
     assert main(["trace", "--url", traced_url, "--json", "--since", "0", "--limit", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["trigger"] == ADMIT
+    assert len(lines) == 1 and json.loads(lines[0])["to"] == FINISHED  # the latest event
+    assert main(["trace", "--url", traced_url, "--json", "--state", FINISHED]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events and all(FINISHED in (e["from"], e["to"]) for e in events)
 
 
 def test_trace_of_an_unreachable_server(capsys):
