@@ -147,7 +147,11 @@ def test_a_full_queue_is_429_with_retry_after_at_once(served):
     # room, and it never reached the scheduler.
     state = served.state()
     assert sorted(s["state"] for s in state["sequences"]) == full
-    assert state["admission"]["queued"] == 1 and len(served.trace()) == before
+    assert state["admission"]["queued"] == 1
+    # The scheduler never saw it: the trace holds only its refusal.
+    [refusal] = served.trace()[before:]
+    assert (refusal["kind"], refusal["rule"], refusal["seq"]) == ("refusal", "queue_full", None)
+    assert refusal["request_id"].startswith("cmpl-")
     holder.drop()
     events = rest(queued)
     assert len(sse_text(events)) == 3, "the queued request runs once the slot is free"
@@ -321,8 +325,11 @@ def test_metrics_parse(served):
 
 def test_debug_trace_and_state(served):
     post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-    lines = get(served.url, "/debug/trace?since=0&limit=1").body.decode().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["trigger"] == ADMIT
+    events = [json.loads(line) for line in
+              get(served.url, "/debug/trace?since=0").body.decode().splitlines()]
+    assert events[0]["kind"] == "arrival"
+    assert [e for e in events if e["kind"] == "transition"][0]["trigger"] == ADMIT
+    assert len(get(served.url, "/debug/trace?limit=1").body.decode().splitlines()) == 1
     state = served.state()
     assert state["policy"] == served.engine.policy.name and state["max_running"] == 1
     assert state["admission"] == {"queued": 0, "max_waiting": 1}
