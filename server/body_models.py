@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, Tag, ValidationInfo
+from pydantic import AfterValidator, Field, Tag, ValidationInfo, WithJsonSchema
 
 from runtime import limits
 from runtime.limits import Bound
@@ -46,7 +46,8 @@ def _token_id_key(key: str, info: ValidationInfo) -> str:
 
 
 TokenId = Annotated[int, AfterValidator(_in_vocabulary)]
-TokenIdKey = Annotated[str, AfterValidator(_token_id_key)]
+TokenIdKey = Annotated[str, AfterValidator(_token_id_key),
+                       WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,10}$"})]
 Temperature = _number(limits.TEMPERATURE)
 TopP = _number(limits.TOP_P)
 TopK = _number(limits.TOP_K_REQUEST)

@@ -24,7 +24,7 @@ from server.body_reading import Body, ignored_fields, ignored_header, read_body
 from server.errors import invalid
 from server.messages import prompt_messages
 from server.prompts import TokenizerEncoder
-from server.unimplemented import refuse_unimplemented
+from server.unimplemented import declared, refuse_unimplemented
 from server.validation import ModelLimits, check_model_name, parse_body
 
 log = logging.getLogger("fairtick.server")
@@ -128,7 +128,7 @@ def _read_body(request: Request, model: type[Body]) -> tuple[Body, list[str]]:
     data = parse_body(request.body, request.headers.get("content-type"),
                       ctx.config.max_body_bytes)
     body = read_body(model, data, ctx.limits.context)
-    name = getattr(body, "model", None)
+    name = declared(body, "model")
     if name is not None:
         check_model_name(name, ctx.limits)
     ignored = ignored_fields(body)
