@@ -5,8 +5,9 @@ returns one (404 in OpenAI's shape for any other id). `POST /tokenize` and `POST
 follow vLLM's shapes: `{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens"}`
 (plus `token_strs` when `return_token_strs` asks), `{"tokens"}` -> `{"prompt"}`. Messages become
 tokens exactly as the chat endpoint turns them into its prompt, so `count` is the
-`usage.prompt_tokens` a chat request with those messages reports. `GET /version` is fairtick's
-package version.
+`usage.prompt_tokens` a chat request with those messages reports. The bodies are models of
+server/body_models.py; unknown fields are ignored and named in `fairtick-ignored-fields`, as
+on the generation endpoints. `GET /version` is fairtick's package version.
 """
 
 from __future__ import annotations

@@ -408,6 +408,16 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
         "messages[0].tool_calls",)
 
 
+def test_an_assistant_turn_may_have_no_content():
+    empty = chat(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}])
+    for content in (None, "absent"):
+        turn = {"role": "assistant"} if content == "absent" else {"role": "assistant",
+                                                                   "content": content}
+        assert chat(messages=[{"role": "user", "content": "x"}, turn]) == empty
+    expect(chat, messages=[{"role": "user", "content": None}], param="messages[0].content",
+           match="a string or a list of content parts, got null")
+
+
 def test_text_parts_are_joined():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     valid = chat(messages=[{"role": "developer", "content": parts}])
