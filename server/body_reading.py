@@ -11,6 +11,7 @@ Only the first error is reported, as OpenAI reports one.
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from runtime.limits import describe_range
 from server.errors import ApiError, invalid
 
 Body = TypeVar("Body", bound=BaseModel)
+log = logging.getLogger("fairtick.server")
 IGNORED_FIELDS_HEADER = "fairtick-ignored-fields"
 MAX_HEADER_FIELDS = 16  # named in the header; the log line names them all
 
@@ -192,3 +194,10 @@ def ignored_header(paths: list[str]) -> dict[str, str]:
     more = len(names) - MAX_HEADER_FIELDS
     value = ", ".join(names[:MAX_HEADER_FIELDS]) + (f", ... ({more} more)" if more > 0 else "")
     return {IGNORED_FIELDS_HEADER: value}
+
+
+def log_ignored(where: str, paths: list[str] | tuple[str, ...]) -> None:
+    """One warning naming the ignored fields of a request (`where`: its id or route), each
+    escaped as JSON: a client's key may hold line breaks."""
+    if paths:
+        log.warning("%s: ignored unknown fields %s", where, json.dumps(list(paths)))

@@ -13,7 +13,6 @@ on the generation endpoints. `GET /version` is fairtick's package version.
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import urllib.parse
 from typing import Any
 
@@ -21,14 +20,12 @@ from sanic import Blueprint, Request
 from sanic.response import JSONResponse, json
 
 from server.body_models import DetokenizeBody, TokenizeBody
-from server.body_reading import Body, ignored_fields, ignored_header, read_body
+from server.body_reading import Body, ignored_fields, ignored_header, log_ignored, read_body
 from server.errors import invalid
 from server.messages import prompt_messages
 from server.prompts import TokenizerEncoder
 from server.unimplemented import declared, refuse_unimplemented
 from server.validation import ModelLimits, check_model_name, parse_body
-
-log = logging.getLogger("fairtick.server")
 
 
 def make_model_blueprint() -> Blueprint:
@@ -133,6 +130,5 @@ def _read_body(request: Request, model: type[Body]) -> tuple[Body, list[str]]:
     if name is not None:
         check_model_name(name, ctx.limits)
     ignored = ignored_fields(body)
-    if ignored:
-        log.info("%s: ignored unknown fields %s", request.path, ", ".join(ignored))
+    log_ignored(request.path, ignored)
     return body, ignored

@@ -16,7 +16,7 @@ from sanic.response import HTTPResponse, JSONResponse, json
 
 from runtime.api import GenerationRequest, TokenEvent
 from server import openai_format as fmt
-from server.body_reading import ignored_header
+from server.body_reading import ignored_header, log_ignored
 from server.errors import ApiError
 from server.streams import EventStream, engine_unavailable
 from server.validation import Kind, ValidRequest, parse_body, validate_request
@@ -48,8 +48,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
                       ctx.config.max_body_bytes)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     header = fmt.make_header(kind, ctx.limits.name)
-    if valid.ignored:
-        log.info("%s: ignored unknown fields %s", header.request_id, ", ".join(valid.ignored))
+    log_ignored(header.request_id, valid.ignored)
     stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
                                                        valid.sampling))
     stream.submit("prompt" if kind == "completion" else "messages")

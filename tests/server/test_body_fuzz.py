@@ -11,6 +11,7 @@ directly, without HTTP, with more examples.)"""
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 
 import pytest
@@ -117,11 +118,14 @@ def test_the_two_bodies_that_answered_500_are_400s_naming_the_field(served, mess
     assert reply.error()["param"] == f"messages[0].{field}"
 
 
-def test_unknown_fields_are_ignored_named_in_a_header_and_streamed_too(served):
+def test_unknown_fields_are_ignored_named_in_a_header_and_streamed_too(served, caplog):
     body = {"messages": [{"role": "user", "content": "hi", "cache_control": {"type": "x"}}],
             "max_tokens": 2, "stop_token_ids": [1], "x\r\nSet-Cookie: a": 1}
-    reply = post(served.url, "/v1/chat/completions", body)
+    with caplog.at_level(logging.WARNING, logger="fairtick.server"):
+        reply = post(served.url, "/v1/chat/completions", body)
     assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] == 2
+    [line] = [r.getMessage() for r in caplog.records if "ignored unknown fields" in r.getMessage()]
+    assert line.endswith('["stop_token_ids", "x\\r\\nSet-Cookie: a", "messages[0].cache_control"]')
     # A key's CR and LF are percent-encoded: no header of the client's making.
     assert reply.headers[IGNORED_FIELDS_HEADER] == (
         "stop_token_ids, x%0D%0ASet-Cookie:%20a, messages[0].cache_control")
