@@ -11,6 +11,7 @@ import pytest
 from runtime.limits import MAX_STOP_SEQUENCES
 from runtime.model import load_model
 from server.app import model_limits
+from server.body_models import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody
 from server.errors import ApiError
 from server.prompts import TokenizerEncoder
 from server.validation import ModelLimits, validate_request
@@ -433,3 +434,21 @@ def test_a_failing_chat_template_is_a_400():
     body = {"messages": [{"role": "user", "content": "hi"}]}
     expect(validate, "chat", body, TokenizerEncoder(tokenizer), param="messages",
            match="roles must alternate")
+
+
+def schema_types(node: object) -> set[str]:
+    """Every `type` in a pydantic core schema, at any depth."""
+    if isinstance(node, dict):
+        found = {node["type"]} if isinstance(node.get("type"), str) else set()
+        return found.union(*(schema_types(v) for v in node.values()))
+    if isinstance(node, (list, tuple)):
+        return set().union(*(schema_types(v) for v in node))
+    return set()
+
+
+@pytest.mark.parametrize("model", [CompletionBody, ChatBody, TokenizeBody, DetokenizeBody])
+def test_every_union_of_the_body_models_is_tagged(model):
+    # An untagged union reports every member's error, each under a label the client never wrote
+    # (`stop.list[str].1`); tagged ones report one member's, and body_reading drops the tag.
+    types = schema_types(model.__pydantic_core_schema__)
+    assert "model-fields" in types and "union" not in types
