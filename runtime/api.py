@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runtime.sampling import SamplingParams
+from runtime.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 

@@ -23,9 +23,10 @@ from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
 from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
+from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
-from runtime.requests import LiveRequest, kv_tokens
+from runtime.requests import LiveRequest
 from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
 from statemachine.tick import TickState, make_policy
@@ -138,13 +139,10 @@ class Engine:
         # Every check a request must pass, then its place in the admission queue.
         if not self.alive or not self._accepting:
             raise EngineDead(f"the engine is not running ({self.error or 'stopped'})")
-        need = kv_tokens(request)
         if not request.prompt_tokens:
             raise ValueError("the prompt is empty: send at least one token")
-        if need > self.bundle.context_length:
-            raise ValueError(f"prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
-                             f"({request.sampling.max_tokens}) is {need} tokens, more than the "
-                             f"model's context of {self.bundle.context_length}")
+        check_context(len(request.prompt_tokens), request.sampling.max_tokens,
+                      self.bundle.context_length)
         problem = admissible(len(request.prompt_tokens), request.sampling.max_tokens,
                              self.kv.tokens)
         if problem is not None:

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from runtime.decode_batch import DecodeBatch
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
+from runtime.limits import check_context
 from runtime.model import ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
 
@@ -95,12 +96,9 @@ class Executor:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
             raise ValueError("prompt_tokens must hold at least one token")
-        if len(prompt_tokens) >= self.bundle.context_length:
-            raise ValueError(
-                f"prompt has {len(prompt_tokens)} tokens; the model's context length is "
-                f"{self.bundle.context_length}"
-            )
-        sampler = SequenceSampler(sampling.validate(), self.bundle.eos_token_ids)
+        check_context(len(prompt_tokens), sampling.validate().max_tokens,
+                      self.bundle.context_length)
+        sampler = SequenceSampler(sampling, self.bundle.eos_token_ids)
         cache = make_prompt_cache(self.model)
         self._seqs[seq_id] = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
 

@@ -1,4 +1,5 @@
-"""Sampling parameters and per-sequence token samplers.
+"""Per-sequence token samplers over MLX; what they apply is runtime/sampling_params.py's
+`SamplingParams` (re-exported here).
 
 Each sequence owns its PRNG key (from its seed, or a random one), split once per sampled token,
 so a seeded request draws the same tokens whichever batch it runs in.
@@ -6,67 +7,14 @@ so a seeded request draws the same tokens whichever batch it runs in.
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-MAX_TEMPERATURE = 100.0
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request's tokens are chosen and when its generation may stop."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-    def validate(self) -> SamplingParams:
-        """Raise ValueError naming the first bad field and its allowed range; return self."""
-        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 means greedy), "
-                f"got {self.temperature!r}"
-            )
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
-                f"got {self.min_tokens!r}"
-            )
-        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        return self
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+# Re-exported: the engine's callers import it from here.
+from runtime.sampling_params import SamplingParams as SamplingParams
 
 
 class SequenceSampler:

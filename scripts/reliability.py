@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reliability check of a running fairtick server, over HTTP only (standard library,
-Hypothesis and scripts/benchlib).
+Hypothesis, scripts/benchlib, and the server's body models for the bodies phase's JSON schemas).
 
 Phases (all by default; `--phases` picks some):
 
@@ -11,9 +11,12 @@ Phases (all by default; `--phases` picks some):
   its start (with --pid), and a normal request is exactly what it was before the storm.
 - fuzz: Hypothesis generates malformed and edge-case requests; every answer must be a 2xx or an
   OpenAI-style JSON 4xx, never a 5xx, reset or hang; /health stays ok.
-- bodies: `--fuzz-bodies` N bodies of OpenAI's documented shapes with wrong-typed, nested or
-  extreme values anywhere in them (reliabilitylib/bodies.py); every answer must be a 2xx or a JSON
-  4xx naming a changed field, never a 5xx or a dropped connection; statuses are counted.
+- bodies: `--fuzz-bodies` N bodies: half of OpenAI's documented shapes with wrong-typed, nested
+  or extreme values anywhere in them (reliabilitylib/bodies.py), half drawn from the body models'
+  JSON schemas, changed the same way or not, for the generation endpoints, /tokenize and
+  /detokenize (reliabilitylib/schema_bodies.py); every answer must be a 2xx or a JSON 4xx naming
+  a field the body changed (or holds, for a schema body), never a 5xx or a dropped connection;
+  statuses are counted.
 - overload: far more simultaneous requests than --max-running + --max-waiting; every one must be a
   completion or a 429 with Retry-After.
 
@@ -25,12 +28,16 @@ input, drop or hang; exit 2 when the server cannot be reached.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from benchlib.client import Reply
-from reliabilitylib import cli
-from reliabilitylib.fuzz import classify
-from reliabilitylib.streams import Reference, Stream, problems
-from reliabilitylib.target import failure_kind
+# The bodies phase draws from the server's own body models: this checkout's, not an install's.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from benchlib.client import Reply  # noqa: E402
+from reliabilitylib import cli  # noqa: E402
+from reliabilitylib.fuzz import classify  # noqa: E402
+from reliabilitylib.streams import Reference, Stream, problems  # noqa: E402
+from reliabilitylib.target import failure_kind  # noqa: E402
 
 # The parts live in scripts/reliabilitylib; tests judge the script by these names.
 __all__ = ["Reference", "Reply", "Stream", "classify", "failure_kind", "main", "problems"]

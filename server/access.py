@@ -30,7 +30,7 @@ OPS_PATHS = frozenset({"/health", "/metrics", "/version"})
 OPS_PREFIXES = ("/debug/",)
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 # What a page may read from a response besides the CORS-safelisted headers.
-EXPOSED_HEADERS = "X-Request-Id, Retry-After"
+EXPOSED_HEADERS = "X-Request-Id, Retry-After, fairtick-ignored-fields"
 PREFLIGHT_MAX_AGE_S = 600
 
 Middleware = Callable[..., Awaitable[HTTPResponse | None]]

@@ -5,8 +5,9 @@ returns one (404 in OpenAI's shape for any other id). `POST /tokenize` and `POST
 follow vLLM's shapes: `{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens"}`
 (plus `token_strs` when `return_token_strs` asks), `{"tokens"}` -> `{"prompt"}`. Messages become
 tokens exactly as the chat endpoint turns them into its prompt, so `count` is the
-`usage.prompt_tokens` a chat request with those messages reports. `GET /version` is fairtick's
-package version.
+`usage.prompt_tokens` a chat request with those messages reports. The bodies are models of
+server/body_models.py; unknown fields are ignored and named in `fairtick-ignored-fields`, as
+on the generation endpoints. `GET /version` is fairtick's package version.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from typing import Any
 from sanic import Blueprint, Request
 from sanic.response import JSONResponse, json
 
+from server.body_models import DetokenizeBody, TokenizeBody
+from server.body_reading import Body, ignored_fields, ignored_header, log_ignored, read_body
 from server.errors import invalid
-from server.fields import get_bool, get_str, is_int, show
-from server.prompts import TokenizerEncoder, read_messages
+from server.messages import prompt_messages
+from server.prompts import TokenizerEncoder
+from server.unimplemented import declared, refuse_unimplemented
 from server.validation import ModelLimits, check_model_name, parse_body
-
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
-                             "add_generation_prompt", "return_token_strs"})
-DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
 def make_model_blueprint() -> Blueprint:
@@ -74,74 +74,61 @@ def package_version() -> str:
 async def tokenize(request: Request) -> JSONResponse:
     """vLLM's /tokenize: a completions `prompt` or chat `messages` to token ids."""
     ctx = request.app.ctx
-    body = _read_body(request, TOKENIZE_FIELDS)
-    has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
-    if has_prompt == has_messages:
+    body, ignored = _read_body(request, TokenizeBody)
+    refuse_unimplemented("tokenize", body)
+    if (body.prompt is None) == (body.messages is None):
         raise invalid("send either `prompt` (a string) or `messages` (a chat), not both or "
-                      "neither", "messages" if has_prompt else "prompt")
-    if has_prompt:
+                      "neither", "messages" if body.prompt is not None else "prompt")
+    if body.prompt is not None:
         tokens = _tokenize_prompt(body, ctx.encoder)
     else:
         tokens = _tokenize_messages(body, ctx.encoder)
     reply: dict[str, Any] = {"count": len(tokens), "max_model_len": ctx.limits.context_length,
                              "tokens": tokens}
-    if get_bool(body, "return_token_strs", False):
+    if body.return_token_strs:
         reply["token_strs"] = ctx.encoder.token_strs(tokens)
-    return json(reply)
+    return json(reply, headers=ignored_header(ignored))
 
 
-def _tokenize_prompt(body: dict[str, Any], encoder: TokenizerEncoder) -> list[int]:
-    if body.get("add_generation_prompt") is not None:
+def _tokenize_prompt(body: TokenizeBody, encoder: TokenizerEncoder) -> list[int]:
+    if body.add_generation_prompt is not None:
         raise invalid("`add_generation_prompt` applies to `messages` only",
                       "add_generation_prompt")
-    prompt = body["prompt"]
-    if not isinstance(prompt, str):
-        raise invalid(f"`prompt` must be a string, got {show(prompt)}", "prompt")
     # True by default, as the completions endpoint encodes its prompt.
-    return encoder.encode_prompt(prompt, get_bool(body, "add_special_tokens", True))
+    special = True if body.add_special_tokens is None else body.add_special_tokens
+    return encoder.encode_prompt(str(body.prompt), special)
 
 
-def _tokenize_messages(body: dict[str, Any], encoder: TokenizerEncoder) -> list[int]:
-    messages = read_messages(body["messages"])
-    add_generation_prompt = get_bool(body, "add_generation_prompt", True)
+def _tokenize_messages(body: TokenizeBody, encoder: TokenizerEncoder) -> list[int]:
+    messages = prompt_messages(body.messages or [])
+    add_generation_prompt = body.add_generation_prompt is not False
     # Absent: what the chat endpoint does (TokenizerEncoder.encode_chat).
-    special = (None if body.get("add_special_tokens") is None
-               else get_bool(body, "add_special_tokens", False))
     try:
-        return encoder.encode_chat(messages, add_generation_prompt, special)
+        return encoder.encode_chat(messages, add_generation_prompt, body.add_special_tokens)
     except Exception as exc:  # a template can fail on any content it does not expect
         raise invalid(f"could not apply the chat template: {exc}", "messages") from None
 
 
 async def detokenize(request: Request) -> JSONResponse:
     """vLLM's /detokenize: token ids, each checked against the vocabulary, to text."""
-    ctx = request.app.ctx
-    body = _read_body(request, DETOKENIZE_FIELDS)
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list):
-        raise invalid(f"`tokens` must be a list of token ids, got {show(tokens)}", "tokens")
-    vocab_size = ctx.limits.vocab_size
-    for index, token in enumerate(tokens):
-        if not (is_int(token) and 0 <= token < vocab_size):
-            raise invalid(f"`tokens[{index}]` must be a token id in [0, {vocab_size}), got "
-                          f"{show(token)}", "tokens")
+    body, ignored = _read_body(request, DetokenizeBody)
     try:
-        text = ctx.encoder.decode(tokens)
+        text = request.app.ctx.encoder.decode(body.tokens)
     except Exception as exc:  # an id the model has a row for but its tokenizer does not know
         raise invalid(f"could not decode `tokens`: {exc}", "tokens") from None
-    return json({"prompt": text})
+    return json({"prompt": text}, headers=ignored_header(ignored))
 
 
-def _read_body(request: Request, fields: frozenset[str]) -> dict[str, Any]:
-    """The JSON body with only `fields`, its `model` (if any) one of the served names."""
+def _read_body(request: Request, model: type[Body]) -> tuple[Body, list[str]]:
+    """The JSON body as `model`, its `model` field (if any) one of the served names, and the
+    unknown fields it sent (ignored, logged)."""
     ctx = request.app.ctx
-    body = parse_body(request.body, request.headers.get("content-type"),
+    data = parse_body(request.body, request.headers.get("content-type"),
                       ctx.config.max_body_bytes)
-    for name in body:
-        if name not in fields:
-            raise invalid(f"Unrecognized request argument supplied: {name}; allowed: "
-                          f"{', '.join(sorted(fields))}", name, code="unknown_parameter")
-    name = get_str(body, "model")
+    body = read_body(model, data, ctx.limits.context)
+    name = declared(body, "model")
     if name is not None:
         check_model_name(name, ctx.limits)
-    return body
+    ignored = ignored_fields(body)
+    log_ignored(request.path, ignored)
+    return body, ignored

@@ -2,7 +2,8 @@
 
 Each generation request: validate (server.validation) -> submit to the engine -> relay its token
 events, as one JSON body or as `data: {...}` chunks ending with `data: [DONE]`. The `finally`
-around the relay aborts the sequence when the client goes away before it finished.
+around the relay aborts the sequence when the client goes away before it finished. Unknown fields
+in a body are ignored; the response names them in `fairtick-ignored-fields` (ADR 0010).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sanic.response import HTTPResponse, JSONResponse, json
 
 from runtime.api import GenerationRequest, TokenEvent
 from server import openai_format as fmt
+from server.body_reading import ignored_header, log_ignored
 from server.errors import ApiError
 from server.streams import EventStream, engine_unavailable
 from server.validation import Kind, ValidRequest, parse_body, validate_request
@@ -46,6 +48,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
                       ctx.config.max_body_bytes)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     header = fmt.make_header(kind, ctx.limits.name)
+    log_ignored(header.request_id, valid.ignored)
     stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
                                                        valid.sampling))
     stream.submit("prompt" if kind == "completion" else "messages")
@@ -53,7 +56,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         if valid.stream:
             await _relay_sse(request, stream, header, valid)
             return None
-        return await _collect(stream, header)
+        return await _collect(stream, header, ignored_header(list(valid.ignored)))
     except asyncio.CancelledError:
         log.info("client of %s went away; aborting it", header.request_id)
         raise
@@ -61,12 +64,13 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         stream.close()
 
 
-async def _collect(stream: EventStream, header: fmt.ResponseHeader) -> JSONResponse:
+async def _collect(stream: EventStream, header: fmt.ResponseHeader,
+                   headers: dict[str, str]) -> JSONResponse:
     parts: list[str] = []
     async for event in stream.events():
         parts.append(event.text)
     _raise_if_failed(stream, event)
-    return json(fmt.full_body(header, "".join(parts), event))
+    return json(fmt.full_body(header, "".join(parts), event), headers=headers)
 
 
 def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
@@ -83,7 +87,8 @@ async def _relay_sse(
 ) -> None:
     response = await request.respond(
         content_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": header.request_id},
+        headers={"Cache-Control": "no-cache", "X-Request-Id": header.request_id,
+                 **ignored_header(list(valid.ignored))},
     )
     await response.send("", end_stream=False)  # the headers, now: the request is accepted
     if header.kind == "chat":

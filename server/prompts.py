@@ -1,102 +1,13 @@
-"""Prompts and chat messages: their accepted shapes, and turning them into token ids.
+"""Turning prompts and chat messages into token ids with the served model's tokenizer.
 
-A completion prompt is a string or a list of token ids (a one-element batch of either is
-unwrapped; larger batches are refused, one request is one sequence). Chat messages become a
-prompt through the tokenizer's own chat template when it has one, else through a simple
-role-tagged template (the built-in model has none).
+Chat messages (role/text pairs, server/messages.py `prompt_messages`) become a prompt through the
+tokenizer's own chat template when it has one, else through a simple role-tagged template (the
+built-in model has none).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from server.errors import invalid
-from server.fields import is_int, show
-
-MAX_MESSAGES = 1024
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
-
-def read_prompt(value: Any, vocab_size: int, encoder: Any) -> list[int]:
-    """The token ids of a completions `prompt`: a string, or token ids checked against the vocab."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
-    if isinstance(value, (str, list)) and not value:
-        # Before tokenizing: a tokenizer that adds BOS would turn "" into one token.
-        raise invalid("`prompt` must not be empty", "prompt")
-    if isinstance(value, str):
-        tokens = list(encoder.encode_prompt(value))
-    elif isinstance(value, list) and all(is_int(t) for t in value):
-        for token in value:
-            if not 0 <= token < vocab_size:
-                raise invalid(f"`prompt` token id {token} is outside the vocabulary "
-                              f"[0, {vocab_size})", "prompt")
-        tokens = list(value)
-    elif isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
-        raise invalid("batched prompts are not supported; send one prompt per request", "prompt")
-    elif value is None:
-        raise invalid("`prompt` is required", "prompt")
-    else:
-        raise invalid(f"`prompt` must be a string or a list of token ids, got {show(value)}",
-                      "prompt")
-    if not tokens:
-        raise invalid("`prompt` must not be empty", "prompt")
-    return tokens
-
-
-def read_messages(value: Any) -> list[dict[str, str]]:
-    """Chat `messages` as [{"role", "content"}] with text content; refuses anything else."""
-    if value is None:
-        raise invalid("`messages` is required", "messages")
-    if not isinstance(value, list) or not value:
-        raise invalid("`messages` must be a non-empty list of message objects", "messages")
-    if len(value) > MAX_MESSAGES:
-        raise invalid(f"`messages` has {len(value)} entries; at most {MAX_MESSAGES}", "messages")
-    return [_read_message(message, index) for index, message in enumerate(value)]
-
-
-def _read_message(message: Any, index: int) -> dict[str, str]:
-    param = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise invalid(f"`{param}` must be an object with `role` and `content`", param)
-    role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:  # an object is unhashable: no `in` on it
-        raise invalid(f"`{param}.role` must be one of {sorted(ROLES)}, got {show(role)}",
-                      f"{param}.role")
-    for name in ("name", "tool_call_id"):
-        if message.get(name) is not None and not isinstance(message[name], str):
-            raise invalid(f"`{param}.{name}` must be a string, got {show(message[name])}",
-                          f"{param}.{name}")
-    _check_tool_calls(message.get("tool_calls"), f"{param}.tool_calls")
-    return {"role": "system" if role == "developer" else role,
-            "content": _read_content(message.get("content"), f"{param}.content")}
-
-
-def _check_tool_calls(calls: Any, param: str) -> None:
-    """OpenAI's shape is a list of {"id", "type": "function", "function": {"name",
-    "arguments"}}; this server takes no `tools`, so only an empty list (or null) is accepted."""
-    if calls is None:
-        return
-    if not isinstance(calls, list):
-        raise invalid(f"`{param}` must be a list of tool calls, got {show(calls)}", param)
-    if calls:
-        raise invalid(f"`{param}` is not supported by this server (it takes no `tools`); "
-                      "send [] or leave it out", param, code="unsupported_parameter")
-
-
-def _read_content(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise invalid(f"`{param}` parts must be {{\"type\": \"text\", \"text\": ...}}; "
-                              "other content types are not supported", param)
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid(f"`{param}` must be a string or a list of text parts", param)
 
 
 class TokenizerEncoder:

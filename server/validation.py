@@ -1,12 +1,19 @@
-"""Request validation for /v1/completions and /v1/chat/completions, in one place.
+"""Request validation for /v1/completions and /v1/chat/completions: each step once, in order.
 
-`parse_body` turns raw bytes into a JSON object (size, content type, UTF-8, JSON syntax, depth);
-`validate_request` checks every field of either endpoint and returns a `ValidRequest` ready for
-the engine, or raises `ApiError` naming the field. Nothing here touches the engine, so a bad
-request can never reach it. Unknown fields are rejected, as the OpenAI API does. Defaults follow
-`SamplingParams` (greedy unless `temperature` is given, no stop strings); `max_tokens` defaults to
-16 for completions (OpenAI's default) and to `ModelLimits.default_chat_max_tokens` for chat, each
-cut to the room the prompt leaves in the context (`_fit_context`, the one place it is decided).
+1. `parse_body`: bytes to a JSON object (size, content type, UTF-8, JSON syntax, depth, finite
+   numbers).
+2. `read_body` (server/body_reading.py): the object to its model (server/body_models.py), every
+   field's shape and range and token ids inside the vocabulary, or a 400 naming the field path;
+   unknown fields are kept aside, to be ignored and reported (ADR 0010).
+3. `_check_consistency`: fields that constrain each other.
+4. `refuse_unimplemented` (server/unimplemented.py): fields declared but not done yet.
+5. The served model: its name, the prompt's tokens, the context (`runtime.limits.fit_context`,
+   the one context check) and the engine's `SamplingParams`.
+
+Nothing here touches the engine or imports MLX, so a bad request never reaches the engine.
+Defaults: greedy unless `temperature` is given, no stop strings; `max_tokens` 16 for
+completions (OpenAI's default) and `ModelLimits.default_chat_max_tokens` for chat, each cut to
+the room the prompt leaves in the context.
 """
 
 from __future__ import annotations
@@ -16,43 +23,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from runtime.sampling import SamplingParams
+from runtime import limits as lim
+from runtime.limits import ContextOverflow, fit_context
+from runtime.sampling_params import SamplingParams
+from server.body_models import VOCAB, ChatBody, CompletionBody
+from server.body_reading import ignored_fields, read_body
 from server.errors import ApiError, invalid
-from server.fields import (
-    check_logit_bias,
-    get_bool,
-    get_float,
-    get_int,
-    get_str,
-    require_unsupported_default,
-)
-from server.prompts import read_messages, read_prompt
+from server.messages import prompt_messages
+from server.unimplemented import refuse_unimplemented
 
 Kind = Literal["completion", "chat"]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_JSON_DEPTH = 32
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_CHARS = 256
-MAX_SEED = 2**63 - 1
-MAX_TOP_K = 2**31 - 1
-DEFAULT_COMPLETION_MAX_TOKENS = 16
-# A chat request without max_tokens: bounded, not the model's whole context (`fairtick serve
-# --default-chat-max-tokens`).
-DEFAULT_CHAT_MAX_TOKENS = 2048
-
-_COMMON_FIELDS = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-    "stream_options", "n", "min_tokens", "ignore_eos", "logit_bias", "logprobs",
-    "presence_penalty", "frequency_penalty", "user",
-})
-_FIELDS: dict[Kind, frozenset[str]] = {
-    "completion": _COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"},
-    "chat": _COMMON_FIELDS | {
-        "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-        "tool_choice", "parallel_tool_calls", "metadata", "store",
-    },
-}
+DEFAULT_CHAT_MAX_TOKENS = lim.DEFAULT_CHAT_MAX_TOKENS
+BODY_MODELS: dict[Kind, type[CompletionBody] | type[ChatBody]] = {
+    "completion": CompletionBody, "chat": ChatBody}
 
 
 @dataclass(frozen=True)
@@ -71,6 +57,11 @@ class ModelLimits:
         """Every name a request may use, the reported id first."""
         return (self.name, *self.aliases)
 
+    @property
+    def context(self) -> dict[str, Any]:
+        """The pydantic validation context the body models check token ids with."""
+        return {VOCAB: self.vocab_size}
+
 
 class PromptEncoder(Protocol):
     def encode_prompt(self, prompt: str) -> list[int]: ...
@@ -80,13 +71,15 @@ class PromptEncoder(Protocol):
 
 @dataclass(frozen=True)
 class ValidRequest:
-    """A request that passed every check: tokenized, with its sampling parameters."""
+    """A request that passed every check: tokenized, with its sampling parameters, and the
+    paths of the unknown fields it sent (ignored)."""
 
     kind: Kind
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    ignored: tuple[str, ...] = ()
 
 
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
@@ -150,49 +143,75 @@ def _check_encodable(text: str) -> None:
 
 
 def validate_request(
-    kind: Kind, body: dict[str, Any], limits: ModelLimits, encoder: PromptEncoder
+    kind: Kind, data: dict[str, Any], limits: ModelLimits, encoder: PromptEncoder
 ) -> ValidRequest:
     """Check every field of a completions or chat body and tokenize its prompt."""
-    for name in body:
-        if name not in _FIELDS[kind]:
-            raise invalid(f"Unrecognized request argument supplied: {name}", name,
-                          code="unknown_parameter")
-    _check_model(body, limits)
-    _check_unsupported(kind, body, limits)
-    stream, include_usage = _read_stream(body)
-    fields = _read_sampling_fields(kind, body, limits)
-    prompt_param = "prompt" if kind == "completion" else "messages"
-    if kind == "completion":
-        tokens = read_prompt(body.get("prompt"), limits.vocab_size, encoder)
+    body = read_body(BODY_MODELS[kind], data, limits.context)
+    _check_consistency(body)
+    refuse_unimplemented(kind, body)
+    if body.model is not None:
+        check_model_name(body.model, limits)
+    if isinstance(body, CompletionBody):
+        tokens, prompt_param = read_prompt(body.prompt, encoder), "prompt"
     else:
-        tokens = encoder_chat(encoder, read_messages(body.get("messages")))
-    requested = fields.pop("max_tokens")
-    # A context overflow names the field the client set: chat's newer name wins when both are.
-    tokens_param = "max_completion_tokens" if kind == "chat" and \
-        body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _fit_context(len(tokens), requested, kind, limits, (prompt_param, tokens_param))
-    if fields["min_tokens"] > max_tokens:
-        raise invalid(f"`min_tokens` ({fields['min_tokens']}) must not exceed max_tokens "
+        tokens = encoder_chat(encoder, prompt_messages(body.messages))
+        prompt_param = "messages"
+    max_tokens = _fit_context(len(tokens), body, limits, prompt_param)
+    if (body.min_tokens or 0) > max_tokens:
+        raise invalid(f"`min_tokens` ({body.min_tokens}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
-    sampling = SamplingParams(max_tokens=max_tokens, **fields)
-    try:
-        sampling.validate()
-    except ValueError as exc:
-        raise invalid(str(exc), None) from None
-    return ValidRequest(kind, tuple(tokens), sampling, stream, include_usage)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return ValidRequest(kind, tuple(tokens), _sampling(body, max_tokens, limits),
+                        bool(body.stream), include_usage, tuple(ignored_fields(body)))
+
+
+def _check_consistency(body: CompletionBody | ChatBody) -> None:
+    """Fields that constrain each other."""
+    if body.stream_options is not None and not body.stream:
+        raise invalid("`stream_options` is only allowed when `stream` is true", "stream_options")
+    if isinstance(body, CompletionBody):
+        if body.best_of is not None and body.best_of < (body.n or 1):
+            raise invalid(f"`best_of` ({body.best_of}) must be at least `n` ({body.n})",
+                          "best_of")
+    elif body.top_logprobs and not body.logprobs:
+        raise invalid("`top_logprobs` needs `logprobs` set to true", "top_logprobs")
+
+
+def _sampling(body: CompletionBody | ChatBody, max_tokens: int,
+              limits: ModelLimits) -> SamplingParams:
+    """The engine's parameters from the fields it implements (server/unimplemented.py refused
+    the others)."""
+    top_k = body.top_k or 0
+    return SamplingParams(
+        temperature=0.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if top_k == -1 else min(top_k, limits.vocab_size),
+        seed=body.seed,
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens or 0,
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        ignore_eos=bool(body.ignore_eos),
+    )
+
+
+def read_prompt(prompt: str | list[str] | list[int] | list[list[int]],
+                encoder: PromptEncoder) -> list[int]:
+    """The token ids of a completions `prompt` (the model checked its shape and ids; a batch of
+    one is its prompt, larger batches were refused)."""
+    if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    tokens = list(encoder.encode_prompt(prompt)) if isinstance(prompt, str) else list(prompt)
+    if not tokens:
+        raise invalid("`prompt` must not be empty", "prompt")
+    return tokens  # type: ignore[return-value]
 
 
 def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list[int]:
+    """The chat prompt's tokens; a template that fails on the messages is a 400."""
     try:
         return list(encoder.encode_chat(messages))
     except Exception as exc:  # a template can fail on any content it does not expect
         raise invalid(f"could not apply the chat template: {exc}", "messages") from None
-
-
-def _check_model(body: dict[str, Any], limits: ModelLimits) -> None:
-    name = get_str(body, "model")
-    if name is not None:
-        check_model_name(name, limits)
 
 
 def check_model_name(name: str, limits: ModelLimits) -> None:
@@ -203,103 +222,23 @@ def check_model_name(name: str, limits: ModelLimits) -> None:
                        param="model", code="model_not_found")
 
 
-def _check_unsupported(kind: Kind, body: dict[str, Any], limits: ModelLimits) -> None:
-    require_unsupported_default(body, "n", (1,))
-    check_logit_bias(body, limits.vocab_size)
-    require_unsupported_default(body, "presence_penalty", (0, 0.0))
-    require_unsupported_default(body, "frequency_penalty", (0, 0.0))
-    get_str(body, "user")
-    if kind == "completion":
-        require_unsupported_default(body, "logprobs", ())
-        require_unsupported_default(body, "best_of", (1,))
-        require_unsupported_default(body, "echo", (False,))
-        require_unsupported_default(body, "suffix", ("",))
-        return
-    require_unsupported_default(body, "logprobs", (False,))
-    require_unsupported_default(body, "top_logprobs", (0,))
-    require_unsupported_default(body, "response_format", ({"type": "text"},))
-    require_unsupported_default(body, "tools", ([],))
-    require_unsupported_default(body, "tool_choice", ("none",))
-    get_bool(body, "parallel_tool_calls", True)
-    get_bool(body, "store", False)
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise invalid("`metadata` must be an object", "metadata")
-
-
-def _read_stream(body: dict[str, Any]) -> tuple[bool, bool]:
-    stream = get_bool(body, "stream", False)
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not stream:
-        raise invalid("`stream_options` is only allowed when `stream` is true", "stream_options")
-    if not isinstance(options, dict):
-        raise invalid("`stream_options` must be an object", "stream_options")
+def _fit_context(num_prompt: int, body: CompletionBody | ChatBody, limits: ModelLimits,
+                 prompt_param: str) -> int:
+    """The max_tokens to run with, or a 400 naming the prompt or the field the client set."""
+    requested, tokens_param = body.max_tokens, "max_tokens"
+    if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+        requested, tokens_param = body.max_completion_tokens, "max_completion_tokens"
+    default = (lim.DEFAULT_COMPLETION_MAX_TOKENS if isinstance(body, CompletionBody)
+               else limits.default_chat_max_tokens)
     try:
-        include_usage = get_bool(options, "include_usage", False)
-    except ApiError:
-        raise invalid("`stream_options.include_usage` must be true or false",
-                      "stream_options.include_usage") from None
-    return stream, include_usage
-
-
-def _read_sampling_fields(kind: Kind, body: dict[str, Any], limits: ModelLimits) -> dict[str, Any]:
-    context = limits.context_length
-    max_tokens = get_int(body, "max_tokens", 1, context)
-    if kind == "chat":
-        max_tokens = get_int(body, "max_completion_tokens", 1, context) or max_tokens
-    top_k = get_int(body, "top_k", -1, MAX_TOP_K)
-    temperature = get_float(body, "temperature", 0.0, 2.0)
-    top_p = get_float(body, "top_p", 0.0, 1.0)
-    if top_p == 0.0:
-        raise invalid("`top_p` must be greater than 0 (1 disables it)", "top_p")
-    return {
-        "max_tokens": max_tokens,
-        "temperature": 0.0 if temperature is None else temperature,
-        "top_p": 1.0 if top_p is None else top_p,
-        "top_k": 0 if top_k in (None, -1) else min(top_k, limits.vocab_size),
-        "seed": get_int(body, "seed", 0, MAX_SEED),
-        "min_tokens": get_int(body, "min_tokens", 0, context) or 0,
-        "stop": _read_stop(body.get("stop")),
-        "ignore_eos": get_bool(body, "ignore_eos", False),
-    }
-
-
-def _read_stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("`stop` must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOP_SEQUENCES:
-        raise invalid(f"`stop` has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} "
-                      "are allowed", "stop")
-    for stop in stops:
-        if not 1 <= len(stop) <= MAX_STOP_CHARS:
-            raise invalid(f"each `stop` sequence must have 1 to {MAX_STOP_CHARS} characters",
-                          "stop")
-    return tuple(stops)
-
-
-def _fit_context(
-    num_prompt: int, requested: int | None, kind: Kind, limits: ModelLimits,
-    params: tuple[str, str],
-) -> int:
-    """The max_tokens to run with, or a 400 when prompt and completion cannot fit the context."""
-    context = limits.context_length
-    prompt_param, tokens_param = params
-    if num_prompt >= context:
-        raise invalid(f"This model's maximum context length is {context} tokens; the "
-                      f"{prompt_param} has {num_prompt} tokens, which leaves no room to generate",
-                      prompt_param, code="context_length_exceeded")
-    room = context - num_prompt
-    if requested is None:
-        default = (DEFAULT_COMPLETION_MAX_TOKENS if kind == "completion"
-                   else limits.default_chat_max_tokens)
-        return min(default, room)
-    if requested > room:
+        return fit_context(num_prompt, requested, default, limits.context_length)
+    except ContextOverflow as exc:
+        context = limits.context_length
+        if exc.leaves_no_room:
+            raise invalid(f"This model's maximum context length is {context} tokens; the "
+                          f"{prompt_param} has {num_prompt} tokens, which leaves no room to "
+                          "generate", prompt_param, code="context_length_exceeded") from None
         raise invalid(f"This model's maximum context length is {context} tokens; you requested "
-                      f"{num_prompt + requested} ({num_prompt} in the {prompt_param}, {requested} "
-                      f"for the completion). Reduce the prompt or {tokens_param}", tokens_param,
-                      code="context_length_exceeded")
-    return requested
+                      f"{num_prompt + (requested or 0)} ({num_prompt} in the {prompt_param}, "
+                      f"{requested} for the completion). Reduce the prompt or {tokens_param}",
+                      tokens_param, code="context_length_exceeded") from None

@@ -1,11 +1,13 @@
 """Generation bodies of OpenAI's documented shapes with wrong values put anywhere inside them.
 
 `fuzzed_bodies()` draws a body this server accepts (every field from its documented shape,
-restricted to the values it supports: `n` 1, `logit_bias` {}, `tool_calls` [] ...), then changes
-1-3 places in it: a top-level field or any node nested in it (`messages[1].content[0].text`,
-`stream_options.include_usage`, a `stop` item) is replaced by a wrong-typed, nested or extreme
-value, or removed. Used by tests/server/test_body_fuzz.py and `scripts/reliability.py --phases
-bodies`. Strings never hold lone surrogates (JSON cannot carry them as UTF-8 bytes).
+restricted to the values it supports: the no-op values of server/unimplemented.py's `NOT_YET`,
+`tool_calls` [] ...), then changes 1-3 places in it (`mutate`): a top-level field or any node
+nested in it (`messages[1].content[0].text`, `stream_options.include_usage`, a `stop` item) is
+replaced by a wrong-typed, nested or extreme value, or removed. schema_bodies.py draws bodies
+from the models' JSON schemas and mutates them the same way. Used by
+tests/server/test_body_fuzz.py and `scripts/reliability.py --phases bodies`. Strings never hold
+lone surrogates (JSON cannot carry them as UTF-8 bytes).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from server.unimplemented import NOT_YET
+
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 MAX_BODY_TOKENS = 16  # a body the server accepts never generates more (keeps a run short)
-ROLES = ["system", "developer", "user", "assistant", "tool"]
 
 # Values that sit next to a documented shape: the other JSON types, numbers at and past every
 # limit the API has, NaN and the infinities (sent as JSON's non-standard literals), bools (an
@@ -52,36 +55,48 @@ def _optional(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[di
     return st.fixed_dictionaries({}, optional=fields)
 
 
-_MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(ROLES),
-     "content": _text() | st.lists(st.fixed_dictionaries(
-         {"type": st.just("text"), "text": _text()}), min_size=1, max_size=3)},
-    optional={"name": _text(1), "tool_calls": st.just([]), "tool_call_id": _text(1)})
+def no_ops(kind: str) -> dict[str, st.SearchStrategy[Any]]:
+    """The fields this server does not do yet, each at the no-op value it accepts."""
+    return {row.field: st.just(row.no_op) for row in NOT_YET
+            if kind in row.kinds and row.no_op is not None}
+
+
+_TEXT_CONTENT = _text() | st.lists(st.fixed_dictionaries(
+    {"type": st.just("text"), "text": _text()}), min_size=1, max_size=3)
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user"]),
+                           "content": _TEXT_CONTENT}, optional={"name": _text(1)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": _TEXT_CONTENT | st.none()},
+                          optional={"name": _text(1), "tool_calls": st.just([])}),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": _TEXT_CONTENT},
+                          optional={"tool_call_id": _text(1)}))
 
 _COMMON: dict[str, st.SearchStrategy[Any]] = {
     "temperature": st.floats(0.0, 2.0), "top_p": st.floats(0.01, 1.0),
     "top_k": st.integers(-1, 64), "seed": st.integers(0, 2**63 - 1),
-    "stop": _text(1) | st.lists(_text(1), max_size=4), "n": st.just(1),
-    "min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(), "logit_bias": st.just({}),
-    "presence_penalty": st.sampled_from([0, 0.0]), "frequency_penalty": st.sampled_from([0, 0.0]),
+    "stop": _text(1) | st.lists(_text(1), max_size=4),
+    "min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(),
     "user": _text(), "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
 }
-_COMPLETION = {
-    **_COMMON, "best_of": st.just(1), "echo": st.just(False), "suffix": st.just("")}
+_COMPLETION = {**_COMMON, **no_ops("completion")}
 _CHAT = {
-    **_COMMON, "max_completion_tokens": st.integers(1, 4), "logprobs": st.just(False),
-    "top_logprobs": st.just(0), "response_format": st.just({"type": "text"}),
-    "tools": st.just([]), "tool_choice": st.just("none"), "parallel_tool_calls": st.booleans(),
-    "store": st.booleans(), "metadata": st.dictionaries(_text(1), _text(), max_size=2)}
+    **_COMMON, **no_ops("chat"), "max_completion_tokens": st.integers(1, 4),
+    "parallel_tool_calls": st.booleans(), "store": st.booleans(),
+    "metadata": st.dictionaries(_text(1), _text(), max_size=2)}
 _PROMPTS = st.one_of(_text(1), st.lists(st.integers(0, 255), min_size=1, max_size=8),
                      _text(1).map(lambda t: [t]))
 
 # A change to the key on the left can make the server name one on the right: a prompt that
-# leaves no room for max_tokens, `stream` false beside `stream_options`, max below min_tokens.
+# leaves no room for max_tokens, `stream` false beside `stream_options`, max below min_tokens,
+# `n` above `best_of`.
 DEPENDS = {"prompt": {"max_tokens"}, "messages": {"max_tokens", "max_completion_tokens"},
            "stream": {"stream_options"}, "max_tokens": {"min_tokens"},
-           "max_completion_tokens": {"min_tokens"}}
+           "max_completion_tokens": {"min_tokens"}, "n": {"best_of"}}
+
+
+# What a body needs in some form: the prompt of each endpoint, and room for its completion.
+NEEDED = {"prompt", "messages", "tokens", "max_tokens", "max_completion_tokens"}
 
 
 @dataclass(frozen=True)
@@ -91,11 +106,17 @@ class FuzzedBody:
     path: str
     body: dict[str, Any]
     changed: tuple[str, ...]  # "messages[0].role", "-stop" (removed), ...
+    # The body before the changes was one this server accepts; else (a body drawn from a JSON
+    # schema) a 4xx may name any field the body holds, or one it lacks and needs.
+    base_accepted: bool = True
 
     @property
     def fields(self) -> set[str]:
-        """The top-level fields a 4xx may name: those changed and those they constrain."""
+        """The top-level fields a 4xx may name: those changed and those they constrain (with
+        a base not known to be accepted, also those it holds or needs)."""
         names = {top_level(where.lstrip("-")) for where in self.changed}
+        if not self.base_accepted:
+            names |= set(self.body) | NEEDED
         return names.union(*(DEPENDS.get(name, set()) for name in names))
 
     def encoded(self) -> bytes:
@@ -154,6 +175,24 @@ def _change(body: dict[str, Any], steps: Steps, value: Any, remove: bool) -> Non
         node[last] = value
 
 
+def mutate(draw: st.DrawFn, body: dict[str, Any], names: list[str],
+           counts: tuple[int, ...] = (1, 1, 1, 2, 3)) -> tuple[str, ...]:
+    """Change `draw(sampled_from(counts))` places of `body` (in place): a node anywhere in it,
+    or a top-level field of `names` it lacks, gets a wrong value or (1 in 8) is removed; the
+    changed paths ("messages[0].role", "-stop" for a removal)."""
+    changed = []
+    for _ in range(draw(st.sampled_from(counts))):
+        absent: list[Steps] = [(name,) for name in names if name not in body]
+        places = [p for key, v in body.items() for p in _places(v, (key,))] + absent
+        if not places:
+            break
+        steps = draw(st.sampled_from(places))
+        remove = draw(st.integers(0, 7)) == 0 and isinstance(steps[-1], str)
+        _change(body, steps, copy.deepcopy(draw(wrong_values())), remove)
+        changed.append(("-" if remove else "") + param_path(steps))
+    return tuple(changed)
+
+
 @st.composite
 def fuzzed_bodies(draw: st.DrawFn, context_length: int) -> FuzzedBody:
     """A valid body with 1-3 places (top-level or nested) replaced by wrong values or removed;
@@ -162,24 +201,17 @@ def fuzzed_bodies(draw: st.DrawFn, context_length: int) -> FuzzedBody:
     # Copies: st.just and EDGE_VALUES hand out shared objects, which the changes below edit.
     body = copy.deepcopy(drawn)
     fields = _CHAT if path == CHAT else _COMPLETION
-    names = sorted({*fields, "max_tokens", "model", "messages", "prompt"})
-    changed = []
     # Mostly one change: with more, an earlier check often refuses the body before the others.
-    for _ in range(draw(st.sampled_from([1, 1, 1, 2, 3]))):
-        absent: list[Steps] = [(name,) for name in names if name not in body]
-        places = [p for key, v in body.items() for p in _places(v, (key,))] + absent
-        steps = draw(st.sampled_from(places))
-        remove = draw(st.integers(0, 7)) == 0 and isinstance(steps[-1], str)
-        _change(body, steps, copy.deepcopy(draw(wrong_values())), remove)
-        changed.append(("-" if remove else "") + param_path(steps))
-    _bound_tokens(body, context_length)
-    return FuzzedBody(path, body, tuple(changed))
+    changed = mutate(draw, body, sorted({*fields, "max_tokens", "model", "messages", "prompt"}))
+    bound_tokens(body, context_length)
+    return FuzzedBody(path, body, changed)
 
 
-def _bound_tokens(body: dict[str, Any], context_length: int) -> None:
+def bound_tokens(body: dict[str, Any], context_length: int) -> None:
+    """Cap a max_tokens the server would accept at MAX_BODY_TOKENS (chat's default is 2048)."""
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if type(value) is int and MAX_BODY_TOKENS < value <= context_length:
             body[name] = MAX_BODY_TOKENS
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        body["max_tokens"] = MAX_BODY_TOKENS  # chat's default is the rest of the context
+        body["max_tokens"] = MAX_BODY_TOKENS

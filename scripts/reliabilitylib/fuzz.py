@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from reliabilitylib.bodies import CHAT, FuzzedBody, fuzzed_bodies, top_level
+from reliabilitylib.bodies import CHAT, COMPLETIONS, FuzzedBody, fuzzed_bodies, top_level
 from reliabilitylib.cases import Case, field_cases, raw_cases
 from reliabilitylib.report import PhaseResult
+from reliabilitylib.schema_bodies import schema_bodies
 from reliabilitylib.target import Target, failure_kind, health_ok, is_json_error, wait_drained
 
 
@@ -121,11 +122,14 @@ def run_fuzz(t: Target, args: argparse.Namespace) -> PhaseResult:
 
 def judge_body(t: Target, case: FuzzedBody) -> tuple[str, str]:
     """(the HTTP status or how the connection failed, the class of the answer); a 400 or 404
-    must name a field the case changed (or one that it constrains)."""
+    must name a field the case may name (`FuzzedBody.fields`)."""
     try:
         reply = t.exchange("POST", case.path, raw=case.encoded(), content_type="application/json")
     except (OSError, http.client.HTTPException) as exc:
         return failure_kind(exc), "dropped connection"
+    if case.path not in (CHAT, COMPLETIONS) and 200 <= reply.status < 300:
+        answer = "tokens" if case.path == "/tokenize" else "prompt"
+        return str(reply.status), "2xx" if answer in reply.json() else "2xx malformed body"
     kind = classify(reply)
     if kind == "4xx JSON" and reply.status in (400, 404):
         param = reply.json()["error"]["param"]
@@ -135,15 +139,17 @@ def judge_body(t: Target, case: FuzzedBody) -> tuple[str, str]:
 
 
 def run_bodies(t: Target, args: argparse.Namespace) -> PhaseResult:
-    """`args.fuzz_bodies` bodies of OpenAI's documented shapes with wrong values anywhere in them
-    (reliabilitylib.bodies, seeded), one connection each; health checked every 50."""
+    """`args.fuzz_bodies` bodies, one connection each, seeded: half of OpenAI's documented shapes
+    with wrong values anywhere in them (reliabilitylib.bodies), half drawn from the body models'
+    JSON schemas and changed the same way or not at all, for the generation endpoints, /tokenize
+    and /detokenize (reliabilitylib.schema_bodies); health checked every 50."""
     seen: list[tuple[str, str, FuzzedBody]] = []
     unhealthy: list[int] = []
 
     @hypothesis_seed(args.seed)
     @settings(max_examples=args.fuzz_bodies, database=None, deadline=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=fuzzed_bodies(t.context_length))
+    @given(case=st.one_of(fuzzed_bodies(t.context_length), schema_bodies(t.context_length)))
     def probe(case: FuzzedBody) -> None:
         seen.append((*judge_body(t, case), case))
         if len(seen) % 50 == 0 and not health_ok(t):
@@ -157,8 +163,10 @@ def run_bodies(t: Target, args: argparse.Namespace) -> PhaseResult:
         ("statuses", dict(sorted(statuses.items()))),
         ("5xx", sum(n for s, n in statuses.items() if s.startswith("5"))),
         ("dropped connections", sum(1 for _, kind, _ in seen if kind == "dropped connection")),
-        ("chat / completions", f"{sum(c.path == CHAT for _, _, c in seen)} / "
-                               f"{sum(c.path != CHAT for _, _, c in seen)}"),
+        ("documented shapes / from the schemas",
+         f"{sum(c.base_accepted for _, _, c in seen)} / "
+         f"{sum(not c.base_accepted for _, _, c in seen)}"),
+        ("per endpoint", dict(Counter(c.path for _, _, c in seen).most_common())),
         *after.rows()]
     rows += [(f"example {kind}", f"{case.path} changed {case.changed}: {case.encoded()[:160]!r}")
              for kind, case in bad[:5]]

@@ -1,24 +1,33 @@
-"""No body gets a 5xx: Hypothesis sends generation bodies of OpenAI's documented shapes, with
-wrong-typed, nested or extreme values put anywhere in them (scripts/reliabilitylib/bodies.py), to
-the real app over the real engine on 127.0.0.1. Every answer is a completion or an OpenAI-style
-4xx naming a field that was changed; afterwards the server still answers a valid request and
-holds nothing. (test_validation_fuzz.py calls the validator directly, without HTTP.)"""
+"""No body gets a 5xx: Hypothesis sends bodies to the real app over the real engine on
+127.0.0.1, of two kinds (scripts/reliabilitylib): bodies of OpenAI's documented shapes that this
+server accepts, with wrong-typed, nested or extreme values put anywhere in them (bodies.py), and
+bodies drawn from the body models' JSON schemas, unchanged or changed the same way, for the two
+generation endpoints, /tokenize and /detokenize (schema_bodies.py). Every answer is a whole
+answer or an OpenAI-style 4xx naming a field (one that was changed, for an accepted body); the
+unknown fields of a body are named in `fairtick-ignored-fields`; afterwards the server still
+answers a valid request and holds nothing. (test_validation_fuzz.py calls the validator
+directly, without HTTP, with more examples.)"""
 
 from __future__ import annotations
 
 import json
+import logging
+import urllib.parse
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from reliabilitylib.bodies import CHAT, FuzzedBody, fuzzed_bodies, top_level
+from reliabilitylib.bodies import CHAT, COMPLETIONS, FuzzedBody, fuzzed_bodies, top_level
+from reliabilitylib.schema_bodies import MODELS, schema_bodies
 
 from runtime.model import BUILTIN_CONFIG
+from server.body_reading import IGNORED_FIELDS_HEADER, MAX_HEADER_FIELDS
 from tests.server.http_helpers import Reply, post
 from tests.server.serving import serve
 
 # The body limit of `fairtick serve`'s default; generated bodies stay far below it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
-SETTINGS = settings(max_examples=200, database=None, deadline=None,
+CONTEXT = BUILTIN_CONFIG["max_position_embeddings"]
+SETTINGS = settings(max_examples=100, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck))
 
 
@@ -28,8 +37,24 @@ def served(bundle):
         yield served
 
 
+def check_answer(reply: Reply, case: FuzzedBody) -> None:
+    """A 2xx is the endpoint's whole answer, a 4xx OpenAI's error naming a field the case may
+    name; never a 5xx."""
+    assert reply.status < 500, (case.path, case.changed, reply.body[:300])
+    if reply.status >= 300:
+        assert 400 <= reply.status < 500
+        check_error(reply, case)
+    elif case.path in (CHAT, COMPLETIONS):
+        check_completion(reply, case)
+        check_ignored_header(reply, case)
+    else:
+        body = reply.json()
+        assert isinstance(body["tokens" if case.path == "/tokenize" else "prompt"], (list, str))
+        check_ignored_header(reply, case)
+
+
 def check_completion(reply: Reply, case: FuzzedBody) -> None:
-    """A 2xx is a whole completion: SSE ending with [DONE], or a body with one choice."""
+    """A whole completion: SSE ending with [DONE], or a body with one choice."""
     if reply.headers["content-type"].startswith("text/event-stream"):
         events = reply.sse_data()
         assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1])
@@ -43,7 +68,7 @@ def check_completion(reply: Reply, case: FuzzedBody) -> None:
 
 
 def check_error(reply: Reply, case: FuzzedBody) -> None:
-    """A 4xx is OpenAI's error object with a message; a 400 or 404 names a changed field."""
+    """A 4xx is OpenAI's error object with a message; a 400 or 404 names a field."""
     error = reply.error()
     assert isinstance(error["message"], str) and error["message"], error
     assert error["type"] == "invalid_request_error", error
@@ -52,20 +77,29 @@ def check_error(reply: Reply, case: FuzzedBody) -> None:
         assert top_level(error["param"]) in case.fields, (case.changed, error)
 
 
+def check_ignored_header(reply: Reply, case: FuzzedBody) -> None:
+    """The top-level fields the model does not declare are named, percent-encoded."""
+    unknown = [name for name in case.body if name not in MODELS[case.path].model_fields]
+    named = reply.headers.get(IGNORED_FIELDS_HEADER, "")
+    if unknown and named.count(",") < MAX_HEADER_FIELDS:
+        names = {urllib.parse.unquote(n) for n in named.split(", ")}
+        assert set(unknown) <= names, (unknown, named)
+
+
 @SETTINGS
-@given(case=fuzzed_bodies(BUILTIN_CONFIG["max_position_embeddings"]))
-def test_no_body_gets_a_5xx(served, case):
-    reply = post(served.url, case.path, raw=case.encoded())
-    assert reply.status < 500, (case.changed, reply.body[:300])
-    if reply.status < 300:
-        check_completion(reply, case)
-    else:
-        assert 400 <= reply.status < 500
-        check_error(reply, case)
+@given(case=fuzzed_bodies(CONTEXT))
+def test_no_documented_body_with_wrong_values_gets_a_5xx(served, case):
+    check_answer(post(served.url, case.path, raw=case.encoded()), case)
+
+
+@settings(SETTINGS, max_examples=150)
+@given(case=schema_bodies(CONTEXT))
+def test_no_body_drawn_from_the_json_schemas_gets_a_5xx(served, case):
+    check_answer(post(served.url, case.path, raw=case.encoded()), case)
 
 
 def test_the_server_still_answers_after_the_fuzz(served):
-    # Runs after test_no_body_gets_a_5xx (file order) on the same server.
+    # Runs after the two fuzz tests above (file order) on the same server.
     served.wait_idle()
     reply = post(served.url, "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
@@ -82,3 +116,23 @@ def test_the_two_bodies_that_answered_500_are_400s_naming_the_field(served, mess
     assert reply.status == 400, reply.body
     field = "role" if isinstance(message["role"], dict) else "tool_calls"
     assert reply.error()["param"] == f"messages[0].{field}"
+
+
+def test_unknown_fields_are_ignored_named_in_a_header_and_streamed_too(served, caplog):
+    body = {"messages": [{"role": "user", "content": "hi", "cache_control": {"type": "x"}}],
+            "max_tokens": 2, "stop_token_ids": [1], "x\r\nSet-Cookie: a": 1}
+    with caplog.at_level(logging.WARNING, logger="fairtick.server"):
+        reply = post(served.url, "/v1/chat/completions", body)
+    assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] == 2
+    [line] = [r.getMessage() for r in caplog.records if "ignored unknown fields" in r.getMessage()]
+    assert line.endswith('["stop_token_ids", "x\\r\\nSet-Cookie: a", "messages[0].cache_control"]')
+    # A key's CR and LF are percent-encoded: no header of the client's making.
+    assert reply.headers[IGNORED_FIELDS_HEADER] == (
+        "stop_token_ids, x%0D%0ASet-Cookie:%20a, messages[0].cache_control")
+    assert "set-cookie" not in reply.headers
+    streamed = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                    "stream": True, "best_of_n": 3})
+    assert streamed.sse_data()[-1] == "[DONE]"
+    assert streamed.headers[IGNORED_FIELDS_HEADER] == "best_of_n"
+    known = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    assert IGNORED_FIELDS_HEADER not in known.headers

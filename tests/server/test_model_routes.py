@@ -114,20 +114,20 @@ def test_detokenize_inverts_tokenize(served):
     assert detokenize(served, []) == ""
 
 
-@pytest.mark.parametrize("tokens,words", [
-    ([72, -1], "`tokens[1]` must be a token id in [0, 258), got -1"),
-    ([258], "`tokens[0]` must be a token id in [0, 258), got 258"),
-    ([1.5], "got 1.5"),
-    (["a"], 'got "a"'),
-    ([True], "got true"),
-    ([[72]], "got [72]"),
-    ("hi", "must be a list of token ids"),
-    (None, "must be a list of token ids"),
+@pytest.mark.parametrize("tokens,param,words", [
+    ([72, -1], "tokens[1]", "`tokens[1]` must be a token id inside the vocabulary [0, 258)"),
+    ([258], "tokens[0]", "`tokens[0]` must be a token id inside the vocabulary [0, 258), got 258"),
+    ([1.5], "tokens[0]", "must be an integer, got 1.5"),
+    (["a"], "tokens[0]", 'must be an integer, got "a"'),
+    ([True], "tokens[0]", "must be an integer, got true"),
+    ([[72]], "tokens[0]", "must be an integer, got [72]"),
+    ("hi", "tokens", "must be a list of integers"),
+    (None, "tokens", "is required: a list of integers"),
 ])
-def test_detokenize_refuses_ids_outside_the_vocabulary(served, tokens, words):
+def test_detokenize_refuses_ids_outside_the_vocabulary(served, tokens, param, words):
     reply = post(served.url, "/detokenize", {} if tokens is None else {"tokens": tokens})
     error = reply.error()
-    assert reply.status == 400 and error["param"] == "tokens" and words in error["message"]
+    assert reply.status == 400 and error["param"] == param and words in error["message"]
 
 
 @pytest.mark.parametrize("body,status,param", [
@@ -140,13 +140,26 @@ def test_detokenize_refuses_ids_outside_the_vocabulary(served, tokens, words):
     ({"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
     ({"messages": MESSAGES, "add_special_tokens": 1}, 400, "add_special_tokens"),
     ({"prompt": "x", "return_token_strs": "no"}, 400, "return_token_strs"),
-    ({"prompt": "x", "wat": 1}, 400, "wat"),
+    ({"prompt": "x", "continue_final_message": True}, 400, "continue_final_message"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+     "messages[0].content[0].text"),
     ({"prompt": "x", "model": "nope"}, 404, "model"),
     ({"prompt": "x", "model": 7}, 400, "model"),
 ])
 def test_tokenize_errors_name_the_field(served, body, status, param):
     reply = post(served.url, "/tokenize", body)
     assert reply.status == status and reply.error()["param"] == param
+
+
+def test_unknown_fields_are_ignored_and_named_in_a_header(served):
+    reply = post(served.url, "/tokenize", {"prompt": "hé", "wat": 1, "x-y": {"z": 2}})
+    assert reply.status == 200 and reply.json()["tokens"] == tokenize(served, prompt="hé")["tokens"]
+    assert reply.headers["fairtick-ignored-fields"] == "wat, x-y"
+    reply = post(served.url, "/detokenize", {"tokens": [104], "model": "tiny", "skip": True})
+    assert reply.json() == {"prompt": "h"} and reply.headers["fairtick-ignored-fields"] == "skip"
+    assert "fairtick-ignored-fields" not in post(served.url, "/detokenize", {"tokens": []}).headers
 
 
 def test_tokenize_bodies_are_checked_like_generation_bodies(served):

@@ -8,15 +8,13 @@ import functools
 
 import pytest
 
+from runtime.limits import MAX_STOP_SEQUENCES
 from runtime.model import load_model
 from server.app import model_limits
+from server.body_models import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody
 from server.errors import ApiError
 from server.prompts import TokenizerEncoder
-from server.validation import (
-    MAX_STOP_SEQUENCES,
-    ModelLimits,
-    validate_request,
-)
+from server.validation import ModelLimits, validate_request
 
 # The model's context is cut short so that its edges are reached with small prompts.
 CONTEXT = 64
@@ -95,9 +93,14 @@ def test_supported_fields_reach_sampling_params():
     assert valid.stream and valid.include_usage
 
 
-def test_unknown_field():
-    err = expect(completion, frobnicate=1, param="frobnicate", match="Unrecognized")
-    assert err.code == "unknown_parameter"
+def test_unknown_fields_are_ignored_and_named_anywhere_in_the_body():
+    # ADR 0010: accepted as vLLM does, each named by its path for the response header.
+    valid = chat(frobnicate=1, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}],
+         "tool_call_id": "x"}])
+    assert valid.ignored == ("frobnicate", "messages[0].tool_call_id",
+                             "messages[0].content[0].cache_control")
+    assert valid.prompt_tokens == chat().prompt_tokens and chat().ignored == ()
 
 
 def test_unknown_model_is_404():
@@ -120,7 +123,7 @@ def test_model_must_be_a_string():
 
 @pytest.mark.parametrize("value", ["hot", True, -0.1, 2.5, float("nan"), float("inf")])
 def test_temperature_type_range_and_finiteness(value):
-    expect(completion, temperature=value, param="temperature", match="number from 0.0 to 2.0")
+    expect(completion, temperature=value, param="temperature", match="number from 0 to 2, got")
 
 
 @pytest.mark.parametrize("value", [1.5, -1, float("-inf"), 0, 0.0])
@@ -134,10 +137,15 @@ def test_top_k():
     assert completion(top_k=10**6).sampling.top_k == limits().vocab_size
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, 1e30, "16", True, CONTEXT + 1])
+@pytest.mark.parametrize("value", [0, -1, 1.5, 1e30, "16", True])
 def test_max_tokens_range(value):
-    expect(completion, max_tokens=value, param="max_tokens",
-           match=f"integer from 1 to {CONTEXT}")
+    expect(completion, max_tokens=value, param="max_tokens", match="must be an integer >= 1")
+
+
+def test_max_tokens_past_the_context_names_the_context():
+    err = expect(completion, max_tokens=CONTEXT + 1, param="max_tokens",
+                 match=f"maximum context length is {CONTEXT} tokens")
+    assert err.code == "context_length_exceeded"
 
 
 def test_max_completion_tokens_for_chat():
@@ -189,16 +197,23 @@ def test_seed_range(value):
     expect(completion, seed=value, param="seed", match="integer from 0")
 
 
-@pytest.mark.parametrize("value", [5, [1], ["a", None], {"a": 1}])
+@pytest.mark.parametrize("value", [5, {"a": 1}, True])
 def test_stop_must_be_strings(value):
     expect(completion, stop=value, param="stop", match="string or a list of strings")
 
 
+@pytest.mark.parametrize("value,param", [([1], "stop[0]"), (["a", None], "stop[1]")])
+def test_each_stop_item_must_be_a_string(value, param):
+    expect(completion, stop=value, param=param, match="must be a string of 1 to 256 characters")
+
+
 def test_stop_limits():
     assert completion(stop="x").sampling.stop == ("x",)
-    expect(completion, stop=["s"] * (MAX_STOP_SEQUENCES + 1), param="stop", match="at most")
-    expect(completion, stop=[""], param="stop", match="1 to")
-    expect(completion, stop="y" * 10_000, param="stop", match="1 to")
+    expect(completion, stop=["s"] * (MAX_STOP_SEQUENCES + 1), param="stop",
+           match=f"a list of at most {MAX_STOP_SEQUENCES} strings, got 17 items")
+    expect(completion, stop=[""], param="stop[0]", match="1 to 256 characters")
+    expect(completion, stop="y" * 10_000, param="stop",
+           match="1 to 256 characters, got a string of 10000 characters")
 
 
 def test_stream_flags():
@@ -210,10 +225,16 @@ def test_stream_flags():
            param="stream_options.include_usage")
 
 
-@pytest.mark.parametrize("value", [2, 0, True])
-def test_n_must_be_1(value):
-    err = expect(completion, n=value, param="n", match="not supported")
+def test_n_must_be_1():
+    err = expect(completion, n=2, param="n", match="not supported by this server; send 1")
     assert err.code == "unsupported_parameter"
+    assert completion(n=1) == completion()
+
+
+@pytest.mark.parametrize("value", [0, 129, True, 1.0])
+def test_n_outside_its_range_is_a_400_naming_the_range(value):
+    err = expect(completion, n=value, param="n", match="an integer from 1 to 128")
+    assert err.code is None
 
 
 def test_logprobs_are_not_supported():
@@ -241,7 +262,7 @@ def test_logit_bias_keys_must_be_inside_the_vocabulary(key):
 
 @pytest.mark.parametrize("bias", [101, -100.5, float("nan"), float("inf"), "1", None, 10**400])
 def test_logit_bias_values_are_finite_numbers_in_range(bias):
-    expect(completion, logit_bias={"5": bias}, param="logit_bias", match="-100 to 100")
+    expect(completion, logit_bias={"5": bias}, param="logit_bias.5", match="-100 to 100")
 
 
 @pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty"])
@@ -250,14 +271,39 @@ def test_an_integer_too_large_for_a_float_is_a_400(field):
 
 
 @pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2), ("suffix", "x"),
-                                         ("presence_penalty", 0.5), ("frequency_penalty", 3)])
+                                         ("presence_penalty", 0.5), ("frequency_penalty", -2),
+                                         ("min_p", 0.1), ("repetition_penalty", 1.2)])
 def test_other_unsupported_completion_fields(field, value):
-    expect(completion, **{field: value}, param=field, match="not supported")
+    err = expect(completion, **{field: value}, param=field, match="not supported")
+    assert err.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("frequency_penalty", 3, "a number from -2 to 2"), ("min_p", 1.5, "a number from 0 to 1"),
+    ("repetition_penalty", 0, "a number > 0"), ("best_of", 21, "an integer from 1 to 20"),
+    ("logprobs", 6, "an integer from 0 to 5"), ("echo", 1, "true or false")])
+def test_declared_fields_are_range_checked_before_they_are_refused(field, value, allowed):
+    expect(completion, **{field: value}, param=field, match=f"must be {allowed}, got")
+
+
+def test_no_op_values_of_unsupported_fields_are_accepted():
+    no_ops = {"n": 1, "best_of": 1, "echo": False, "suffix": "", "presence_penalty": 0,
+              "frequency_penalty": 0.0, "min_p": 0, "repetition_penalty": 1, "logit_bias": {}}
+    assert completion(**no_ops) == completion()
 
 
 def test_unsupported_chat_fields():
-    expect(chat, tools=[{"type": "function"}], param="tools")
-    expect(chat, response_format={"type": "json_object"}, param="response_format")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    expect(chat, tools=[tool], param="tools", match="not supported")
+    expect(chat, tools=[{"type": "function"}], param="tools[0].function", match="is required")
+    expect(chat, response_format={"type": "json_object"}, param="response_format",
+           match="not supported")
+    expect(chat, response_format={"type": "xml"}, param="response_format.type",
+           match='one of "text", "json_object", "json_schema"')
+    expect(chat, tool_choice="auto", param="tool_choice", match="not supported")
+    expect(chat, logprobs=True, top_logprobs=21, param="top_logprobs",
+           match="an integer from 0 to 20")
+    expect(chat, top_logprobs=2, param="top_logprobs", match="needs `logprobs`")
     defaults = {"tools": [], "response_format": {"type": "text"}, "tool_choice": "none",
                 "store": False}
     assert chat(**defaults) == chat(), "the defaults are accepted"
@@ -278,29 +324,55 @@ def test_prompt_as_token_ids_or_a_batch_of_one():
 def test_prompt_token_ids_outside_the_vocab():
     last = limits().vocab_size - 1
     assert completion(prompt=[0, last]).prompt_tokens == (0, last)
-    expect(completion, prompt=[1, last + 1], param="prompt", match="outside the vocabulary")
-    expect(completion, prompt=[-1], param="prompt", match="outside the vocabulary")
+    expect(completion, prompt=[1, last + 1], param="prompt[1]",
+           match=f"token id inside the vocabulary [0, {last + 1}), got {last + 1}")
+    expect(completion, prompt=[-1], param="prompt[0]", match="inside the vocabulary")
+    expect(completion, prompt=[[2], [0, last + 1]], param="prompt[1][1]",
+           match="inside the vocabulary")
 
 
 def test_prompt_shapes():
     expect(validate, "completion", {}, param="prompt", match="required")
-    expect(completion, prompt=5, param="prompt", match="string or a list of token ids")
-    expect(completion, prompt=[1, "a"], param="prompt")
-    expect(completion, prompt=["a", "b"], param="prompt", match="batched")
+    expect(completion, prompt=5, param="prompt", match="a string, a list of strings, a list of "
+           "token ids or a list of lists of token ids, got 5")
+    expect(completion, prompt=[1, "a"], param="prompt[1]", match='an integer, got "a"')
+    expect(completion, prompt=["a", 1], param="prompt[1]", match="a non-empty string, got 1")
+    for batch in (["a", "b"], [[1], [2]]):
+        err = expect(completion, prompt=batch, param="prompt", match="batched")
+        assert err.code == "unsupported_parameter"
     # The tokenizer turns "" into [BOS]: an empty prompt is refused before it is tokenized.
-    for empty in ("", [], [""], [[]]):
-        expect(completion, prompt=empty, param="prompt", match="must not be empty")
+    for empty, param in (("", "prompt"), ([], "prompt"), ([""], "prompt[0]"),
+                         ([[]], "prompt[0]")):
+        expect(completion, prompt=empty, param=param, match="must be a non-empty")
 
 
 def test_message_shapes():
     expect(validate, "chat", {}, param="messages", match="required")
-    expect(chat, messages=[], param="messages", match="non-empty")
+    expect(chat, messages=[], param="messages", match="a list of 1 to 1024 objects, got 0 items")
     expect(chat, messages="hi", param="messages")
-    expect(chat, messages=["hi"], param="messages[0]")
-    expect(chat, messages=[{"role": "wizard", "content": "x"}], param="messages[0].role")
-    expect(chat, messages=[{"role": "user", "content": 5}], param="messages[0].content")
+    expect(chat, messages=["hi"], param="messages[0]", match='an object whose `role` is one of')
+    expect(chat, messages=[{"role": "wizard", "content": "x"}], param="messages[0].role",
+           match='must be one of "system", "developer", "user", "assistant", "tool", got '
+           '"wizard"')
+    expect(chat, messages=[{"content": "x"}], param="messages[0].role", match="is required")
+    expect(chat, messages=[{"role": "user", "content": 5}], param="messages[0].content",
+           match="a string or a list of content parts, got 5")
+    expect(chat, messages=[{"role": "user"}], param="messages[0].content", match="is required")
+    expect(chat, messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}],
+           param="messages[0].content[0].text", match="must be a string, got 5")
+    expect(chat, messages=[{"role": "system", "content": [{"type": "image_url"}]}],
+           param="messages[0].content[0].type", match='must be "text"')
+
+
+def test_content_parts_other_than_text_are_refused_naming_the_part():
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    text = {"type": "text", "text": "look"}
+    err = expect(chat, messages=[{"role": "user", "content": [text, image]}],
+                 param="messages[0].content[1]", match="'image_url' part; this server takes "
+                 "only text parts")
+    assert err.code == "unsupported_parameter"
     expect(chat, messages=[{"role": "user", "content": [{"type": "image_url"}]}],
-           param="messages[0].content", match="not supported")
+           param="messages[0].content[0].image_url", match="is required: an object")
 
 
 def test_a_role_of_any_other_type_is_a_400_naming_it():
@@ -308,22 +380,43 @@ def test_a_role_of_any_other_type_is_a_400_naming_it():
     for role in ({"a": 1}, ["user"], 5, True, None):
         expect(chat, messages=[{"role": role, "content": "x"}], param="messages[0].role",
                match="must be one of")
+    # A stale role of OpenAI's (`function`) is named with the roles this server takes.
+    expect(chat, messages=[{"role": "function", "name": "f", "content": "x"}],
+           param="messages[0].role", match='"tool", got "function"')
 
 
 def test_message_name_tool_call_id_and_tool_calls_shapes():
-    ok = {"role": "user", "content": "x"}
+    # Each role has OpenAI's fields: `tool_calls` on assistant turns, `tool_call_id` on tool ones.
+    ok = {"role": "assistant", "content": "x"}
     assert chat(messages=[{**ok, "name": "ann", "tool_calls": []}]).prompt_tokens == \
         chat(messages=[ok]).prompt_tokens
-    for field in ("name", "tool_call_id"):
-        expect(chat, messages=[ok, {**ok, field: {"a": 1}}], param=f"messages[1].{field}",
+    tool = {"role": "tool", "content": "42", "tool_call_id": "c"}
+    assert chat(messages=[ok, tool]).ignored == ()
+    for message, field in ((ok, "name"), (tool, "tool_call_id")):
+        expect(chat, messages=[ok, {**message, field: {"a": 1}}], param=f"messages[1].{field}",
                match="must be a string")
     for calls in ({"id": "a"}, "call", 5):
         expect(chat, messages=[{**ok, "tool_calls": calls}], param="messages[0].tool_calls",
                match="must be a list")
+    expect(chat, messages=[{**ok, "tool_calls": [{"id": "c", "type": "function"}]}],
+           param="messages[0].tool_calls[0].function", match="is required")
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     err = expect(chat, messages=[{**ok, "tool_calls": [call]}], param="messages[0].tool_calls",
                  match="not supported")
     assert err.code == "unsupported_parameter"
+    # On a user turn `tool_calls` is not OpenAI's field: ignored (and named) as any unknown one.
+    assert chat(messages=[{"role": "user", "content": "x", "tool_calls": 5}]).ignored == (
+        "messages[0].tool_calls",)
+
+
+def test_an_assistant_turn_may_have_no_content():
+    empty = chat(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}])
+    for content in (None, "absent"):
+        turn = {"role": "assistant"} if content == "absent" else {"role": "assistant",
+                                                                   "content": content}
+        assert chat(messages=[{"role": "user", "content": "x"}, turn]) == empty
+    expect(chat, messages=[{"role": "user", "content": None}], param="messages[0].content",
+           match="a string or a list of content parts, got null")
 
 
 def test_text_parts_are_joined():
@@ -341,3 +434,21 @@ def test_a_failing_chat_template_is_a_400():
     body = {"messages": [{"role": "user", "content": "hi"}]}
     expect(validate, "chat", body, TokenizerEncoder(tokenizer), param="messages",
            match="roles must alternate")
+
+
+def schema_types(node: object) -> set[str]:
+    """Every `type` in a pydantic core schema, at any depth."""
+    if isinstance(node, dict):
+        found = {node["type"]} if isinstance(node.get("type"), str) else set()
+        return found.union(*(schema_types(v) for v in node.values()))
+    if isinstance(node, (list, tuple)):
+        return set().union(*(schema_types(v) for v in node))
+    return set()
+
+
+@pytest.mark.parametrize("model", [CompletionBody, ChatBody, TokenizeBody, DetokenizeBody])
+def test_every_union_of_the_body_models_is_tagged(model):
+    # An untagged union reports every member's error, each under a label the client never wrote
+    # (`stop.list[str].1`); tagged ones report one member's, and body_reading drops the tag.
+    types = schema_types(model.__pydantic_core_schema__)
+    assert "model-fields" in types and "union" not in types

@@ -1,8 +1,9 @@
 """Validation never crashes: any JSON body is a ValidRequest or a 4xx ApiError naming a reason;
 any bytes are a JSON object or a 4xx. Hypothesis generates the bodies (no engine, no HTTP); the
 prompts are tokenized by the built-in model's real tokenizer. Strings that UTF-8 cannot carry
-(lone surrogates) stop at `parse_body`, so bodies here have none. test_body_fuzz.py sends the
-documented-shape bodies of the last test here over HTTP to the real app."""
+(lone surrogates) stop at `parse_body`, so bodies here have none. Bodies drawn from the models'
+JSON schemas are read by the models themselves (the schema says what they accept).
+test_body_fuzz.py sends the documented-shape and the schema bodies over HTTP to the real app."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reliabilitylib.bodies import CHAT, fuzzed_bodies, top_level
+from reliabilitylib.bodies import CHAT, COMPLETIONS, fuzzed_bodies, top_level
+from reliabilitylib.schema_bodies import MODELS, body_strategy, schema_bodies
 
 from runtime.model import BUILTIN_CONFIG
+from server.body_reading import read_body
 from server.errors import ApiError
-from server.validation import _FIELDS, parse_body, validate_request
+from server.validation import BODY_MODELS, parse_body, validate_request
 from tests.server.test_validation import CONTEXT, encoder, limits
 
-FIELD_NAMES = sorted(_FIELDS["completion"] | _FIELDS["chat"]) + ["wat"]
+FIELD_NAMES = sorted(set(BODY_MODELS["completion"].model_fields)
+                     | set(BODY_MODELS["chat"].model_fields)) + ["wat"]
 EDGE_VALUES = [0, 1, -1, 2**31, 2**63, 2**64, 10**400, -(10**400), 1e30, -0.0, 1e-320, "", [], {},
                float("nan"), float("inf"), "\x00", CONTEXT, CONTEXT + 1]
 # The first token id past the vocabulary, read from the model when first drawn.
@@ -31,6 +35,7 @@ VALUES = st.recursive(LEAVES, lambda children: st.one_of(
     st.lists(children, max_size=4), st.dictionaries(KEYS, children, max_size=4)), max_leaves=10)
 SETTINGS = settings(max_examples=300, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck))
+SCHEMA_SETTINGS = settings(SETTINGS, max_examples=200)
 
 
 def test_failures_print_a_replay_blob():
@@ -74,7 +79,7 @@ def test_one_bad_field_in_a_good_body_is_a_4xx_naming_it(kind, field, value):
         validate_request(kind, body, limits(), encoder())
     except ApiError as exc:
         check_api_error(exc)
-        if field in _FIELDS[kind] and exc.status == 400:
+        if field in BODY_MODELS[kind].model_fields and exc.status == 400:
             assert exc.param is not None and exc.param.split("[")[0].split(".")[0] in (
                 field, "max_tokens"), (field, exc.param, exc.message)
 
@@ -113,3 +118,32 @@ def test_a_documented_body_with_wrong_values_is_valid_or_a_400_naming_a_changed_
         return
     assert 1 <= valid.sampling.max_tokens <= 16
     valid.sampling.validate()
+
+
+@SCHEMA_SETTINGS
+@given(data=st.data(), path=st.sampled_from(sorted(MODELS)))
+def test_the_models_read_every_body_their_json_schema_allows(data, path):
+    # Without the vocabulary: the schema cannot say which token ids the served model has.
+    body = data.draw(body_strategy(path))
+    read_body(MODELS[path], body)
+
+
+@SCHEMA_SETTINGS
+@given(case=schema_bodies(FULL_CONTEXT))
+def test_a_schema_body_is_valid_or_a_4xx_naming_a_field_it_holds_or_needs(case):
+    if case.path not in (CHAT, COMPLETIONS):
+        return  # /tokenize and /detokenize: test_body_fuzz.py, over HTTP
+    full = dataclasses.replace(limits(), context_length=FULL_CONTEXT)
+    try:
+        body = parse_body(case.encoded(), "application/json", 1 << 20)
+        valid = validate_request("chat" if case.path == CHAT else "completion", body, full,
+                                 encoder())
+    except ApiError as exc:
+        check_api_error(exc)
+        assert exc.param is not None and top_level(exc.param) in case.fields, \
+            (case.changed, exc.param, exc.message)
+        return
+    assert 1 <= valid.sampling.max_tokens <= 16
+    valid.sampling.validate()
+    assert set(valid.ignored) >= {name for name in case.body if name not in MODELS[case.path]
+                                  .model_fields}
