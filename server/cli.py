@@ -148,7 +148,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-kv-tokens", type=int, default=d["max_kv_tokens"], metavar="N",
                    help="the KV token budget: past it arrivals queue and the policy's kv_full "
                    "preempts (default: half the memory available at start-up, divided by the "
-                   "model's KV bytes a token; printed at start-up)")
+                   "model's KV bytes a token; logged at start-up)")
     p.add_argument("--lifecycle", default=d["lifecycle"], metavar="FILE",
                    help="lifecycle spec (default: specs/lifecycle.yaml)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",

@@ -1,6 +1,11 @@
-"""docs/grafana-dashboard.json is a Grafana dashboard whose every query is PromQL (parsed by a real
-PromQL parser, with Grafana's variables replaced as Grafana replaces them) over series the server
-exports, with labels they carry: read from the real /metrics of a real server."""
+"""The operator's docs hold for the real server, read from its real /metrics:
+
+- docs/operations.md lists every metric the server exports, with its type and labels, and no
+  other;
+- docs/grafana-dashboard.json is a Grafana dashboard whose every query is PromQL (parsed by a
+  real PromQL parser, with Grafana's variables replaced as Grafana replaces them) over series
+  the server exports, with labels they carry.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,14 @@ from typing import Any
 
 import promql_parser
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.http_helpers import get, post
 from tests.server.serving import serve
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+DASHBOARD = DOCS / "grafana-dashboard.json"
+OPERATIONS = DOCS / "operations.md"
 # What Grafana puts in place of its variables before a query reaches Prometheus.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$instance": ".*"}
 # Labels Prometheus adds to every series it scrapes.
@@ -37,20 +45,25 @@ def dashboard() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def exported(bundle) -> dict[str, set[str]]:
-    """Every sample name the server exports, with the label names it carries, once a request
-    has finished and one was refused (so every labelled family has its samples)."""
-    from tests.server.outcome_helpers import parse_samples
-
+def scraped(bundle) -> tuple[str, str]:
+    """The server's /metrics text at its start, and once a request has finished and one was
+    refused (so every labelled family has its samples)."""
     with serve(bundle) as served:
+        at_start = get(served.url, "/metrics").body.decode()
         assert post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status \
             == 200
         assert post(served.url, "/v1/completions", {"max_tokens": "many"}).status == 400
         served.wait_idle()
-        samples = parse_samples(get(served.url, "/metrics").body.decode())
+        return at_start, get(served.url, "/metrics").body.decode()
+
+
+@pytest.fixture(scope="module")
+def exported(scraped) -> dict[str, set[str]]:
+    """Every sample name the server exports, with the label names it carries."""
     names: dict[str, set[str]] = {}
-    for name, labels in samples:
-        names.setdefault(name, set()).update(key for key, _ in labels)
+    for family in text_string_to_metric_families(scraped[1]):
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
     return names
 
 
@@ -131,3 +144,42 @@ def test_a_query_over_a_name_the_server_lacks_is_caught(exported):
     assert name == "fairtick_kv_tokens" and name not in exported
     with pytest.raises(ValueError):
         promql_parser.parse("sum by (le (rate(x[1m]))")
+
+
+# --- docs/operations.md ------------------------------------------------------------------------
+
+def documented() -> dict[str, tuple[str, dict[str, set[str]]]]:
+    """The metrics table of docs/operations.md: name -> (type, {label: the values listed})."""
+    rows = [line for line in OPERATIONS.read_text().splitlines()
+            if line.startswith("| `fairtick_")]
+    table = {}
+    for row in rows:
+        name, kind, _unit, labels, _meaning = (c.strip() for c in row.strip("|").split("|"))
+        listed = {m["label"]: set(re.findall(r"`(\w+)`", m["values"] or ""))
+                  for m in re.finditer(r"`(?P<label>\w+)`(?: \((?P<values>[^)]*)\))?", labels)}
+        table[name.strip("`")] = (kind, listed)
+    return table
+
+
+def test_the_operator_docs_list_every_exported_metric_and_no_other(scraped):
+    at_start, after = (list(text_string_to_metric_families(t)) for t in scraped)
+    created = {f.name for f in after if f.name.endswith("_created") and f.type == "gauge"}
+    families = {}
+    for family in after:
+        if family.name in created:  # prometheus-client's creation time of each counter/histogram
+            continue
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        families[name] = (family.type, {k for s in family.samples for k in s.labels} - {"le"})
+    table = documented()
+    assert set(table) == set(families), (sorted(set(families) - set(table)),
+                                        sorted(set(table) - set(families)))
+    for name, (kind, labels) in families.items():
+        assert (table[name][0], set(table[name][1])) == (kind, labels), name
+    # Label values the docs list are the ones exported from the start.
+    for family in at_start:
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        for label, values in table.get(name, ("", {}))[1].items():
+            if values:
+                assert values == {s.labels[label] for s in family.samples}, (name, label)
+    assert {f"{name.removesuffix('_total')}_created" for name, (kind, _) in families.items()
+            if kind in ("counter", "histogram")} == created
