@@ -116,7 +116,9 @@ async def _start_engine(app: Sanic) -> None:
 
 
 async def _log_address(app: Sanic) -> None:
-    log.info("listening on %s", app.serve_location)
+    # Known when Sanic runs the server (`app.run`); a caller of `create_server` knows it itself.
+    if app.state.server_info:
+        log.info("listening on %s", app.serve_location)
 
 
 async def _begin_draining(app: Sanic) -> None:
