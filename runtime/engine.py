@@ -327,9 +327,10 @@ class Engine:
             with self._lock:
                 self.scheduler.abort(seq_id)
             live.end("abort")
+        # Counted before its cache is freed: a server seen idle has counted every request.
+        self._record_outcome(live, cause)
         if seq_id in self.executor:
             self.executor.release(seq_id)
-        self._record_outcome(live, cause)
 
     def _record_outcome(self, live: LiveRequest, cause: AbortCause | None = None) -> None:
         # Without a cause, a request that ended unfinished ended with the engine.

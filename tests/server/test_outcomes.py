@@ -75,9 +75,10 @@ def test_a_finished_request_counts_its_reason_and_its_latencies(served):
 
 
 def test_a_stop_string_counts_as_stop(served):
+    before = scrape(served.url)
     text = post(served.url, "/v1/completions",
                 {"prompt": "stopper", "max_tokens": 8}).json()["choices"][0]["text"]
-    before = scrape(served.url)
+    before = wait_moves(served.url, before, {series(FINISHED, finish_reason="length"): 1})
     reply = post(served.url, "/v1/completions",
                  {"prompt": "stopper", "max_tokens": 8, "stop": [text[-2:]]})
     assert reply.json()["choices"][0]["finish_reason"] == "stop"
