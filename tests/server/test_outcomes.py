@@ -9,6 +9,7 @@ and asserts that exactly the expected series moved, by one.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -208,16 +209,23 @@ def test_a_preempted_request_logs_its_preemptions(bundle, caplog):
     assert {line["finish_reason"] for line in lines} == {"length"}
 
 
+def wait_sample(url: str, key: tuple, holds, timeout_s: float = 15.0) -> float:
+    """The sample's value once `holds(value)` (gauges are set at the end of a tick)."""
+    deadline = time.monotonic() + timeout_s
+    while not holds(value := scrape(url)[key]):
+        assert time.monotonic() < deadline, f"{key} stayed at {value}"
+        time.sleep(0.02)
+    return value
+
+
 def test_the_kv_gauges_show_the_budget_and_the_tokens_held(served):
     budget = series("fairtick_kv_budget_tokens")
     used = series("fairtick_kv_used_tokens")
     assert scrape(served.url)[budget] == served.state()["kv"]["budget_tokens"]
     stream = hold(served.url)
-    served.wait_for(lambda s: s["kv"]["cached_tokens"] > 0)
-    assert scrape(served.url)[used] > 0
+    wait_sample(served.url, used, lambda tokens: tokens > 0)
     stream.drop()
-    served.wait_idle()
-    assert scrape(served.url)[used] == 0
+    wait_sample(served.url, used, lambda tokens: tokens == 0)
 
 
 def test_a_refused_request_logs_no_request_line(served, caplog):
