@@ -50,12 +50,9 @@ def request_fields(server, request_id: str) -> dict[str, str]:
 
 
 def test_start_up_logs_each_step_with_its_numbers(server, model_name):
-    text = server.log_path.read_text()
-    found = {}
-    for step, pattern in START_UP:
-        [match] = log_matches(text, pattern)
-        assert match["level"] == "INFO"
-        found[step] = match
+    # The address is logged once the server listens, which may come after /health answered.
+    found = {step: wait_log(server, pattern) for step, pattern in START_UP}
+    assert {match["level"] for match in found.values()} == {"INFO"}
     assert [found[step].start() for step, _ in START_UP] == sorted(
         found[step].start() for step, _ in START_UP), "in start-up order"
     state = server.state()
