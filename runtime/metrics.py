@@ -54,7 +54,7 @@ class EngineMetrics:
                                      "Ticks a parked prefill waited before each grant",
                                      buckets=_TICK_BUCKETS, registry=r)
         self.tick_duration = Histogram("fairtick_tick_duration_seconds", "Wall time of a tick",
-                                       buckets=_E2E_BUCKETS, registry=r)
+                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.scheduler_time = Counter(
             "fairtick_scheduler_seconds", "Time spent in the scheduler core: decide_tick, "
             "lifecycle triggers and bookkeeping (not the model)", registry=r)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import get_args
 
 from runtime.api import AbortCause, FinishReason
 from runtime.metrics import EngineMetrics
 
 log = logging.getLogger("fairtick.requests")
-ABORT_CAUSES: tuple[AbortCause, ...] = get_args(AbortCause)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def _add_log_flags(p: argparse.ArgumentParser) -> None:
     logs = p.add_argument_group("logging")
     logs.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV) or "info",
                       metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)}: start-up progress and one "
-                      f"line per finished request at info (env {LOG_LEVEL_ENV}; default info)")
+                      f"line per request at info (env {LOG_LEVEL_ENV}; default info)")
     logs.add_argument("--access-log", action="store_true",
                       help="log one line per HTTP response (client, request line, status, "
                       "bytes, time to the response's headers) at info (default: off)")
