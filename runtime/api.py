@@ -15,6 +15,9 @@ from typing import Literal
 from runtime.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+# Why a request ended before it finished: its client went away (or the caller gave up), the
+# server shut down, or its generation (or the engine) failed.
+AbortCause = Literal["client_disconnect", "server_shutdown", "error"]
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.admission import Admission
-from runtime.api import EngineDead, EngineFull, GenerationRequest, Sink
+from runtime.api import AbortCause, EngineDead, EngineFull, GenerationRequest, Sink
 from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
+from runtime.outcomes import record_outcome
 from runtime.requests import LiveRequest
 from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
@@ -149,9 +150,9 @@ class Engine:
             raise ValueError(f"{problem} (--max-kv-tokens); lower max_tokens or the prompt")
         self.admission.reserve()
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request at the next tick, whatever state it is in."""
-        self._inbox.put(("abort", request_id))
+    def abort(self, request_id: str, cause: AbortCause = "client_disconnect") -> None:
+        """Abort a request at the next tick, whatever state it is in; `cause` is counted."""
+        self._inbox.put(("abort", (request_id, cause)))
         self._wake.set()
 
     def snapshot(self) -> dict[str, Any]:
@@ -191,6 +192,7 @@ class Engine:
             for live in list(self._live.values()):
                 live.end("error" if self.error else "abort", error=reason)
                 self.admission.release(queued=live.admitted_s is None)
+                self._record_outcome(live)
             self._live.clear()
             self._by_request.clear()
             self._drain_inbox(refuse=reason)
@@ -215,6 +217,7 @@ class Engine:
                 if refuse is not None:
                     live.end("error", error=refuse)
                     self.admission.release(queued=True)
+                    self._record_outcome(live)
                     continue
                 self._live[live.seq_id] = live
                 self._by_request[request.request_id] = live.seq_id
@@ -222,8 +225,8 @@ class Engine:
                     self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
                                           request.sampling.max_tokens, request.request_id)
                 self.executor.add(live.seq_id, request.prompt_tokens, request.sampling)
-            elif kind == "abort" and item in self._by_request:
-                self._retire(self._by_request[item], "abort")
+            elif kind == "abort" and item[0] in self._by_request:
+                self._retire(self._by_request[item[0]], item[1])
 
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
@@ -275,6 +278,8 @@ class Engine:
             if event.trigger in (Trigger.PREEMPT, Trigger.PAUSE):
                 kind = "drop" if event.trigger is Trigger.PREEMPT else "pause"
                 self.metrics.preemptions.labels(kind).inc()
+                if event.seq_id in self._live:
+                    self._live[event.seq_id].num_preemptions = event.rec.preemptions
                 if kind == "drop" and event.seq_id in self.executor:
                     self.executor.evict(event.seq_id)
 
@@ -329,16 +334,24 @@ class Engine:
             live.end("error", error=f"internal error while generating: {exc}")
             self._retire(seq_id, "error")
 
-    def _retire(self, seq_id: int, reason: str | None) -> None:
+    def _retire(self, seq_id: int, cause: AbortCause | None) -> None:
         live = self._live.pop(seq_id)
         self._by_request.pop(live.request_id, None)
         self.admission.release(queued=live.admitted_s is None)
-        if reason is not None:  # aborted (or failed) before it finished
+        if cause is not None:  # aborted (or failed) before it finished
             with self._lock:
                 self.scheduler.abort(seq_id)
             live.end("abort")
+        # Counted before its cache is freed: a server seen idle has counted every request.
+        self._record_outcome(live, cause)
         if seq_id in self.executor:
             self.executor.release(seq_id)
+
+    def _record_outcome(self, live: LiveRequest, cause: AbortCause | None = None) -> None:
+        # Without a cause, a request that ended unfinished ended with the engine.
+        if cause is None and live.finish_reason in ("abort", "error"):
+            cause = "error" if self.error else "server_shutdown"
+        record_outcome(live.outcome(time.monotonic(), cause), self.metrics)
 
     def _note_admissions(self, now_s: float) -> None:
         for live in self._live.values():
@@ -370,4 +383,4 @@ class Engine:
         self.metrics.parked.set(state.num_parked)
         self.metrics.waiting.set(state.num_waiting)
         self.metrics.running.set(state.num_running)
-        self.metrics.kv_tokens.set(sum(s.kv_cached for s in world.seqs))
+        self.metrics.kv_used.set(sum(s.kv_cached for s in world.seqs))

@@ -1,16 +1,28 @@
-"""Prometheus metrics of one engine, in a registry of its own (the server exposes it)."""
+"""Prometheus metrics of one engine, in a registry of its own (the server exposes it).
+
+Names follow Prometheus' conventions: the unit in the name (`_seconds`, `_tokens`, `_ticks`),
+seconds as the unit of time, counters exported with `_total`. docs/operations.md lists each with
+its type, unit, labels and meaning; a test holds that list and this registry equal.
+"""
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from runtime.api import AbortCause
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 25.0, 60.0, 120.0)
+# A whole generation may run for minutes.
+_E2E_BUCKETS = (*_LATENCY_BUCKETS, 300.0, 600.0, 1800.0)
 _TICK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 
 class EngineMetrics:
-    """The metric names of DESIGN.md; seconds as the unit of time."""
+    """Every metric the server exports; label values known in advance are exported from the
+    start (at 0), so a dashboard shows a series before its first event."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -51,7 +63,8 @@ class EngineMetrics:
         self.waiting = Gauge("fairtick_requests_waiting",
                              "Requests queued for KV room or a running place (preempted ones "
                              "included)", registry=r)
-        self.kv_tokens = Gauge("fairtick_kv_tokens", "Tokens in the KV caches", registry=r)
+        self.kv_used = Gauge("fairtick_kv_used_tokens", "Tokens held in the KV caches, counted "
+                             "against the KV budget", registry=r)
         self.kv_budget = Gauge("fairtick_kv_budget_tokens", "The KV token budget", registry=r)
         self.preemptions = Counter(
             "fairtick_preemptions", "Sequences preempted when the KV budget ran out, by kind: "
@@ -61,4 +74,25 @@ class EngineMetrics:
         self.parked = Gauge("fairtick_requests_parked", "Prefills parked, waiting for a tick",
                             registry=r)
         for action in ("idle", "decode", "prefill", "mixed"):
-            self.ticks.labels(action)  # export every action from the start
+            self.ticks.labels(action)
+        self._add_outcomes(r)
+
+    def _add_outcomes(self, r: CollectorRegistry) -> None:
+        self.requests_finished = Counter(
+            "fairtick_requests_finished", "Requests that finished, by finish_reason: stop (a "
+            "stop token or string) or length (max_tokens)", ["finish_reason"], registry=r)
+        for reason in ("stop", "length"):
+            self.requests_finished.labels(reason)
+        self.requests_aborted = Counter(
+            "fairtick_requests_aborted", "Requests the engine took that ended before they "
+            "finished, by cause: client_disconnect, server_shutdown or error", ["cause"],
+            registry=r)
+        for cause in get_args(AbortCause):
+            self.requests_aborted.labels(cause)
+        self.requests_refused = Counter(
+            "fairtick_requests_refused", "Requests answered with an error before the engine "
+            "took them, by HTTP status and reason (the error's code)", ["status", "reason"],
+            registry=r)
+        self.e2e_latency = Histogram("fairtick_e2e_request_latency_seconds",
+                                     "Submission to the last token of a finished request",
+                                     buckets=_E2E_BUCKETS, registry=r)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from runtime.api import FinishReason, GenerationRequest, Sink, TokenEvent
+from runtime.api import AbortCause, FinishReason, GenerationRequest, Sink, TokenEvent
 from runtime.detok import TextStream
 from runtime.metrics import EngineMetrics
+from runtime.outcomes import RequestOutcome
 
 
 def kv_tokens(request: GenerationRequest) -> int:
@@ -22,8 +23,10 @@ class LiveRequest:
         self.eos_token_ids = eos_token_ids
         self.submitted_s = submitted_s
         self.admitted_s: float | None = None
+        self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.num_generated = 0
+        self.num_preemptions = 0  # the scheduler's count, copied from its preemption events
         self.finish_reason: FinishReason | None = None
 
     @property
@@ -38,6 +41,7 @@ class LiveRequest:
         """Publish one sampled token; True when the request is finished by it."""
         sampling = self.request.sampling
         if self.last_token_s is None:
+            self.first_token_s = now_s
             metrics.ttft.observe(now_s - self.submitted_s)
         else:
             metrics.itl.observe(now_s - self.last_token_s)
@@ -62,6 +66,18 @@ class LiveRequest:
         if self.finish_reason is None:
             self.finish_reason = reason
             self._send(TokenEvent(self.request_id, token, text, reason, error))
+
+    def outcome(self, now_s: float, cause: AbortCause | None) -> RequestOutcome:
+        """How it ended (after `end`): `cause` None if it finished."""
+        assert self.finish_reason is not None, "outcome of a request that has not ended"
+        since = self.submitted_s
+        # A finished request ended with its last token; an aborted one ends now.
+        end_s = self.last_token_s if cause is None and self.last_token_s is not None else now_s
+        return RequestOutcome(
+            self.request_id, self.finish_reason, cause, len(self.request.prompt_tokens),
+            self.num_generated, None if self.admitted_s is None else self.admitted_s - since,
+            None if self.first_token_s is None else self.first_token_s - since, end_s - since,
+            self.num_preemptions)
 
     def _send(self, event: TokenEvent) -> None:
         event = TokenEvent(event.request_id, event.token_id, event.text, event.finish_reason,

@@ -4,8 +4,11 @@ Resources live on `app.ctx`: `config`, `engine`, `limits` (served names, context
 default chat max_tokens), `encoder` (prompt and chat tokenization), `draining` (set when
 shutdown begins, new generation requests get 503), `started_at`. Shutdown (SIGTERM, Ctrl-C)
 is graceful: in-flight requests finish within `config.stop_grace_s`, the rest are aborted with a
-503 error, and the process exits 0. Every error leaves as OpenAI-style JSON (server.errors). An
-API key and CORS, when configured, are middleware (server.access).
+503 error, and the process exits 0. Every error leaves as OpenAI-style JSON (server.errors), and
+one that refuses a request the engine never took is counted in `fairtick_requests_refused_total`
+by status and reason. An API key and CORS, when configured, are middleware (server.access).
+Start-up logs each step (model, KV budget, policy, address); `fairtick serve` configures logging
+(server.logs), so Sanic is told to leave it alone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import asyncio
 import itertools
 import logging
 import re
-import sys
 import time
 from typing import Any
 
@@ -42,7 +44,7 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     The app owns its engine either way: it starts it (if not running) before serving and stops
     it after the server stops.
     """
-    app = Sanic(f"fairtick_{next(_app_numbers)}")
+    app = Sanic(f"fairtick_{next(_app_numbers)}", configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.RESPONSE_TIMEOUT = config.response_timeout_s
     app.config.FALLBACK_ERROR_FORMAT = "json"
@@ -62,6 +64,7 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.error_handler.add(SanicException, _sanic_error)
     app.error_handler.add(Exception, _unexpected_error)
     app.register_listener(_start_engine, "before_server_start")
+    app.register_listener(_log_address, "after_server_start")
     app.register_listener(_begin_draining, "before_server_stop")
     app.register_listener(_stop_engine, "after_server_stop")
     return app
@@ -73,7 +76,16 @@ def make_engine(config: ServerConfig) -> Any:
     from runtime.model import load_model
 
     engine_config = config.engine or EngineConfig()
-    return Engine(engine_config, load_model(engine_config.model))
+    where = engine_config.model or "the built-in model"
+    log.info("loading %s", where)
+    started = time.perf_counter()
+    bundle = load_model(engine_config.model)
+    log.info("model %s loaded from %s in %.2f s (context %d tokens)", bundle.name, bundle.path,
+             time.perf_counter() - started, bundle.context_length)
+    started = time.perf_counter()
+    engine = Engine(engine_config, bundle)
+    log.info("engine built in %.2f s", time.perf_counter() - started)
+    return engine
 
 
 def model_limits(bundle: Any, config: ServerConfig | None = None) -> ModelLimits:
@@ -96,10 +108,17 @@ async def _start_engine(app: Sanic) -> None:
         engine.start()
     app.ctx.limits = model_limits(engine.bundle, app.ctx.config)
     app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
-    log.info("serving %s with policy %s", " = ".join(app.ctx.limits.served_names),
-             engine.policy.name)
-    print(f"fairtick serve: KV budget: {engine.kv.describe()}; up to "
-          f"{engine.layout.max_running} sequences running", file=sys.stderr, flush=True)
+    log.info("KV budget: %s; up to %d sequences running", engine.kv.describe(),
+             engine.layout.max_running)
+    params = " ".join(f"{name}={value:g}" for name, value in sorted(engine.params.items()))
+    log.info("serving %s with policy %s (%s)", " = ".join(app.ctx.limits.served_names),
+             engine.policy.name, params or "no parameters")
+
+
+async def _log_address(app: Sanic) -> None:
+    # Known when Sanic runs the server (`app.run`); a caller of `create_server` knows it itself.
+    if app.state.server_info:
+        log.info("listening on %s", app.serve_location)
 
 
 async def _begin_draining(app: Sanic) -> None:
@@ -118,17 +137,31 @@ async def _stop_engine(app: Sanic) -> None:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return json(exc.to_body(), status=exc.status, headers=exc.headers)
+    return _answer(request, exc)
 
 
 async def _sanic_error(request: Request, exc: SanicException) -> JSONResponse:
     name = type(exc).__name__
     error = ApiError(exc.status_code, str(exc) or name,
-                     code=re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower())
-    return json(error.to_body(), status=error.status, headers=getattr(exc, "headers", None))
+                     code=re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(),
+                     headers=getattr(exc, "headers", None))
+    return _answer(request, error)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.path)
-    error = ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
-    return json(error.to_body(), status=500)
+    return _answer(request, ApiError(500, f"Internal server error: {type(exc).__name__}",
+                                     code="internal_error"))
+
+
+def _answer(request: Request, error: ApiError) -> JSONResponse:
+    # A request the engine took is counted by the engine, as finished or aborted.
+    engine = request.app.ctx.engine
+    if engine is not None and not getattr(request.ctx, "accepted", False):
+        engine.metrics.requests_refused.labels(str(error.status), refusal_reason(error)).inc()
+    return json(error.to_body(), status=error.status, headers=error.headers)
+
+
+def refusal_reason(error: ApiError) -> str:
+    """The `reason` label of a refusal: the error's code, else its type."""
+    return error.code or error.error_type

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 import urllib.error
@@ -23,6 +24,7 @@ POLICY_ENV = "FAIRTICK_POLICY"
 API_KEY_ENV = "FAIRTICK_API_KEY"
 # runtime.blas.BLAS_ENV, spelled here: importing anything from runtime loads the BLAS it names.
 BLAS_ENV = "FAIRTICK_BLAS"
+log = logging.getLogger("fairtick.server")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,11 +95,13 @@ def serve_main(argv: Sequence[str]) -> int:
         print(f"fairtick serve: {exc}", file=sys.stderr)
         return 2
     from server.app import create_app
+    from server.logs import configure_logging
 
-    print(f"fairtick serve: BLAS: {blas.describe()}", file=sys.stderr, flush=True)
+    configure_logging(config.log_level)
+    log.info("BLAS: %s", blas.describe())
     app = create_app(config)
     app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
-            single_process=True, motd=False, access_log=False)
+            single_process=True, motd=False, access_log=config.access_log)
     return 0
 
 
@@ -144,7 +148,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-kv-tokens", type=int, default=d["max_kv_tokens"], metavar="N",
                    help="the KV token budget: past it arrivals queue and the policy's kv_full "
                    "preempts (default: half the memory available at start-up, divided by the "
-                   "model's KV bytes a token; printed at start-up)")
+                   "model's KV bytes a token; logged at start-up)")
     p.add_argument("--lifecycle", default=d["lifecycle"], metavar="FILE",
                    help="lifecycle spec (default: specs/lifecycle.yaml)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
@@ -164,8 +168,21 @@ def _serve_parser() -> argparse.ArgumentParser:
                    f"library exporting the CBLAS names (env {BLAS_ENV}; default 'auto')")
     p.add_argument("--check-invariants", action="store_true",
                    help="check the scheduler invariants after every tick (slower)")
+    _add_log_flags(p)
     _add_api_flags(p)
     return p
+
+
+def _add_log_flags(p: argparse.ArgumentParser) -> None:
+    from server.logs import LOG_LEVEL_ENV, LOG_LEVELS
+
+    logs = p.add_argument_group("logging")
+    logs.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV) or "info",
+                      metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)}: start-up progress and one "
+                      f"line per request at info (env {LOG_LEVEL_ENV}; default info)")
+    logs.add_argument("--access-log", action="store_true",
+                      help="log one line per HTTP response (client, request line, status, "
+                      "bytes, time to the response's headers) at info (default: off)")
 
 
 def _add_api_flags(p: argparse.ArgumentParser) -> None:
@@ -217,6 +234,7 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
         api_key_protect_ops=args.api_key_protect_ops,
         allowed_origins=tuple(o.strip() for o in origins.split(",")) if origins else (),
+        log_level=args.log_level, access_log=args.access_log,
     )
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from server.logs import check_log_level
 from server.validation import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ class ServerConfig:
     api_key_protect_ops: bool = False
     # Origins whose browsers may call the API (CORS); "*" for any; empty: no CORS headers at all.
     allowed_origins: tuple[str, ...] = ()
+    # The level of every logger (server.logs), applied by `fairtick serve` at start-up.
+    log_level: str = "info"
+    # One line per response (Sanic's access log, at INFO); off by default.
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -56,6 +61,7 @@ class ServerConfig:
             raise ValueError(f"default_chat_max_tokens must be in 1..{MAX_DEFAULT_MAX_TOKENS}, "
                              f"got {self.default_chat_max_tokens}")
         _check_names(self.served_model_names)
+        check_log_level(self.log_level)
         if self.api_key is not None and not _API_KEY.fullmatch(self.api_key):
             raise ValueError("api_key must be 1 or more printable ASCII characters without "
                              "spaces (it travels in an HTTP header)")

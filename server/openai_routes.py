@@ -14,7 +14,7 @@ import logging
 from sanic import Blueprint, Request
 from sanic.response import HTTPResponse, JSONResponse, json
 
-from runtime.api import GenerationRequest, TokenEvent
+from runtime.api import AbortCause, GenerationRequest, TokenEvent
 from server import openai_format as fmt
 from server.body_reading import ignored_header, log_ignored
 from server.errors import ApiError
@@ -52,6 +52,8 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
                                                        valid.sampling))
     stream.submit("prompt" if kind == "completion" else "messages")
+    request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
+    cause: AbortCause = "error"  # if the handler fails before the request finished
     try:
         if valid.stream:
             await _relay_sse(request, stream, header, valid)
@@ -59,9 +61,10 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         return await _collect(stream, header, ignored_header(list(valid.ignored)))
     except asyncio.CancelledError:
         log.info("client of %s went away; aborting it", header.request_id)
+        cause = "client_disconnect"
         raise
     finally:
-        stream.close()
+        stream.close(cause)
 
 
 async def _collect(stream: EventStream, header: fmt.ResponseHeader,

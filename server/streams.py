@@ -13,7 +13,7 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.api import EngineDead, EngineFull, GenerationRequest, TokenEvent
+from runtime.api import AbortCause, EngineDead, EngineFull, GenerationRequest, TokenEvent
 from server.errors import ApiError, invalid
 
 # How often a waiting request checks that the engine thread is still alive.
@@ -73,12 +73,13 @@ class EventStream:
                                   error="the engine thread has stopped")
         return self._queue.get_nowait()
 
-    def close(self) -> None:
-        """Abort the sequence if it has not finished (client gone, or the handler failed)."""
+    def close(self, cause: AbortCause) -> None:
+        """Abort the sequence if it has not finished: its client went away, or the handler
+        failed (`cause` says which, for /metrics and the log)."""
         if not self.finished:
             self.finished = True
             try:
-                self.engine.abort(self.request.request_id)
+                self.engine.abort(self.request.request_id, cause)
             except EngineDead:  # nothing left to free
                 pass
 

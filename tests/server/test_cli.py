@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 from sanic import Sanic
@@ -13,6 +15,7 @@ from sanic import Sanic
 from runtime.blas import BLAS_ENV, load_blas
 from server.cli import API_KEY_ENV, main
 from server.config import ServerConfig
+from server.logs import LOG_LEVEL_ENV
 from server.policy_flags import flag_dest, resolve_policy_params
 from server.validation import DEFAULT_CHAT_MAX_TOKENS
 from statemachine.spec import load_policy
@@ -90,7 +93,7 @@ def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, ca
 
 
 @pytest.fixture
-def served_as(monkeypatch):
+def served_as(monkeypatch) -> Iterator:
     """main(["serve", *flags]) builds the real app (server.app.create_app) from its flags; only
     Sanic's blocking `run` is kept from serving. Returns the app and run's keywords. (That the
     backlog reaches the kernel and the grace period the engine: tests/e2e.)"""
@@ -105,7 +108,12 @@ def served_as(monkeypatch):
         assert main(["serve", *flags]) == 0
         return seen
 
-    return serve_with
+    # `serve` configures this process's logging: give the next tests theirs back.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield serve_with
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
@@ -149,7 +157,29 @@ def test_the_api_flags_default_to_off(served_as, monkeypatch):
     assert config.default_chat_max_tokens == DEFAULT_CHAT_MAX_TOKENS == 2048
 
 
-@pytest.mark.parametrize("flags", [("--stop-grace-s", "-1"), ("--stop-grace-s", "nan"),
+def test_the_log_flags_reach_the_config_and_run(served_as, monkeypatch):
+    monkeypatch.delenv(LOG_LEVEL_ENV, raising=False)
+    seen = served_as()
+    assert (seen["app"].ctx.config.log_level, seen["run"]["access_log"]) == ("info", False)
+    seen = served_as("--log-level", "DEBUG", "--access-log")
+    assert seen["app"].ctx.config.log_level == "DEBUG" and seen["run"]["access_log"] is True
+    assert logging.getLogger().level == logging.DEBUG
+    monkeypatch.setenv(LOG_LEVEL_ENV, "warning")
+    assert served_as()["app"].ctx.config.log_level == "warning"
+    assert logging.getLogger().level == logging.WARNING
+    assert served_as("--log-level", "error")["app"].ctx.config.log_level == "error", \
+        "the flag wins over the variable"
+
+
+def test_a_bad_log_level_variable_refuses_to_start(monkeypatch, capsys):
+    monkeypatch.setenv(LOG_LEVEL_ENV, "loud")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert LOG_LEVEL_ENV in err and "'loud'" in err and "debug, info, warning" in err
+
+
+@pytest.mark.parametrize("flags", [("--log-level", "loud"), ("--stop-grace-s", "-1"),
+                                   ("--stop-grace-s", "nan"),
                                    ("--stop-grace-s", "inf"), ("--listen-backlog", "0"),
                                    ("--default-chat-max-tokens", "0"),
                                    ("--served-model-name", "a", "a"),
