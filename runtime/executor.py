@@ -210,7 +210,9 @@ class Executor:
             pads = [int(c.left_padding[row].item()) for c in self._batch.cache]
             layers = [(c.keys[row:row + 1, :, p:p + n], c.values[row:row + 1, :, p:p + n])
                       for c, p in zip(self._batch.cache, pads, strict=True)]
-        copies = [(mx.contiguous(k), mx.contiguous(v)) for k, v in layers]
+        # mx.array copies (mx.contiguous of a slice that is already contiguous would keep the
+        # whole step-rounded buffer alive behind a few tokens).
+        copies = [(mx.array(k), mx.array(v)) for k, v in layers]
         mx.eval(copies)
         return tokens, copies
 

@@ -72,6 +72,7 @@ class PrefixCache:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         self.max_tokens = max_tokens
         self.num_tokens = 0
+        self.nbytes = 0  # of the arrays the entries hold
         self.num_evictions = 0  # entries evicted to make room (dominated ones are not counted)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._index: dict[int, dict[int, None]] = {}  # block chain hash -> entry ids
@@ -126,6 +127,7 @@ class PrefixCache:
             self._index.setdefault(h, {})[entry_id] = None
         self._ends.setdefault(hashes[-1], {})[entry_id] = None
         self.num_tokens += len(tokens)
+        self.nbytes += _nbytes(layers)
         self.shrink_to(self.max_tokens)
 
     def shrink_to(self, max_tokens: int) -> int:
@@ -146,6 +148,7 @@ class PrefixCache:
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self.num_tokens -= len(entry.tokens)
+        self.nbytes -= _nbytes(entry.layers)
         for table, keys in ((self._index, entry.hashes), (self._ends, entry.hashes[-1:])):
             for h in keys:
                 ids = table[h]
@@ -160,3 +163,7 @@ def _common_run(a: Sequence[int], b: Sequence[int], start: int, limit: int) -> i
     while n < end and a[n] == b[n]:
         n += 1
     return n
+
+
+def _nbytes(layers: Sequence[tuple[mx.array, mx.array]]) -> int:
+    return sum(int(k.nbytes) + int(v.nbytes) for k, v in layers)

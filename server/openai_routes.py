@@ -47,7 +47,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     header = fmt.make_header(kind, ctx.limits.name)
     stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
-                                                       valid.sampling))
+                                                       valid.sampling, valid.cache_prompt))
     stream.submit("prompt" if kind == "completion" else "messages")
     try:
         if valid.stream:

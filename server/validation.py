@@ -45,6 +45,7 @@ _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
     "stream_options", "n", "min_tokens", "ignore_eos", "logit_bias", "logprobs",
     "presence_penalty", "frequency_penalty", "user",
+    "cache_prompt",  # llama.cpp's name: false opts the request out of the prefix cache
 })
 _FIELDS: dict[Kind, frozenset[str]] = {
     "completion": _COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"},
@@ -87,6 +88,7 @@ class ValidRequest:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    cache_prompt: bool = True
 
 
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
@@ -179,7 +181,8 @@ def validate_request(
         sampling.validate()
     except ValueError as exc:
         raise invalid(str(exc), None) from None
-    return ValidRequest(kind, tuple(tokens), sampling, stream, include_usage)
+    return ValidRequest(kind, tuple(tokens), sampling, stream, include_usage,
+                        get_bool(body, "cache_prompt", True))
 
 
 def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list[int]:
