@@ -27,6 +27,7 @@ class GenerationRequest:
     request_id: str
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_prompt: bool = True  # False: neither reuse a cached prefix nor leave one behind
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TokenEvent:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 Sink = Callable[[TokenEvent], None]

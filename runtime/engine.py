@@ -27,6 +27,7 @@ from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
 from runtime.outcomes import record_outcome
+from runtime.prefix_reuse import PrefixReuse
 from runtime.requests import LiveRequest
 from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
@@ -53,6 +54,8 @@ class EngineConfig:
     lifecycle: str | None = None  # None: specs/lifecycle.yaml
     trace_capacity: int = 100_000
     check_invariants: bool = False
+    prefix_cache: bool = True  # keep finished sequences' KV for prompts that start the same
+    prefix_cache_tokens: int | None = None  # its most tokens; None: all the KV budget leaves
 
     def __post_init__(self) -> None:
         for name, low in (("max_running", 1), ("prefill_chunk_size", 1), ("max_waiting", 0),
@@ -60,8 +63,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
-            raise ValueError(f"max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
+        for name in ("max_kv_tokens", "prefix_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or unset, got {value!r}")
 
 
 class Engine:
@@ -81,6 +86,8 @@ class Engine:
         self.scheduler = Scheduler(self.policy, self.layout, self.lifecycle, trace=self.trace,
                                    check=config.check_invariants, clock=time.time)
         self.executor = Executor(self.bundle)
+        self.prefixes = self._make_prefix_reuse()
+        self.prefix_cache = self.prefixes.cache if self.prefixes is not None else None
         self.costs = CostModel()
         self._target_s: float | None = None  # the latency target this tick's slice is sized for
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -171,7 +178,9 @@ class Engine:
                     "prefill_chunk_size": self.layout.chunk_size,
                     "kv": {"budget_tokens": self.kv.tokens, "cached_tokens":
                            sum(s["kv_tokens"] for s in seqs),
-                           "bytes_per_token": self.kv.bytes_per_token},
+                           "bytes_per_token": self.kv.bytes_per_token,
+                           "prefix_cache_tokens": self.prefix_cache.num_tokens
+                           if self.prefix_cache is not None else None},
                     "alive": self.alive, "sequences": seqs}
 
     # -- the engine thread ----------------------------------------------------------------
@@ -221,10 +230,12 @@ class Engine:
                     continue
                 self._live[live.seq_id] = live
                 self._by_request[request.request_id] = live.seq_id
+                prefix = self.prefixes.lookup(live) if self.prefixes is not None else None
                 with self._lock:
                     self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
-                                          request.sampling.max_tokens, request.request_id)
-                self.executor.add(live.seq_id, request.prompt_tokens, request.sampling)
+                                          request.sampling.max_tokens, request.request_id,
+                                          cached=live.num_cached)
+                self.executor.add(live.seq_id, request.prompt_tokens, request.sampling, prefix)
             elif kind == "abort" and item[0] in self._by_request:
                 self._retire(self._by_request[item[0]], item[1])
 
@@ -237,6 +248,8 @@ class Engine:
             plan_tick = self.scheduler.tick
             plan = self.scheduler.schedule(budget)
         self._preempt(plan)
+        if self.prefixes is not None:
+            self.prefixes.fit(plan.world.seqs)
         self._note_admissions(time.monotonic())
         shape = self._shape(plan)
         executing = time.perf_counter()
@@ -345,6 +358,8 @@ class Engine:
         # Counted before its cache is freed: a server seen idle has counted every request.
         self._record_outcome(live, cause)
         if seq_id in self.executor:
+            if cause != "error" and self.prefixes is not None:
+                self.prefixes.keep(live, self.scheduler.world().seqs)
             self.executor.release(seq_id)
 
     def _record_outcome(self, live: LiveRequest, cause: AbortCause | None = None) -> None:
@@ -352,6 +367,16 @@ class Engine:
         if cause is None and live.finish_reason in ("abort", "error"):
             cause = "error" if self.error else "server_shutdown"
         record_outcome(live.outcome(time.monotonic(), cause), self.metrics)
+
+    def _make_prefix_reuse(self) -> PrefixReuse | None:
+        if not self.config.prefix_cache or not self.executor.can_cache_prefixes:
+            if self.config.prefix_cache:
+                log.info("prefix cache off: %s's KV caches are not plain KVCache",
+                         type(self.bundle.model).__module__)
+            return None
+        return PrefixReuse(self.executor, self.metrics,
+                           self.config.prefix_cache_tokens or self.kv.tokens, self.kv.tokens,
+                           self.policy.spec.kv_full)
 
     def _note_admissions(self, now_s: float) -> None:
         for live in self._live.values():

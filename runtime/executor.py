@@ -27,6 +27,7 @@ from runtime.decode_batch import DecodeBatch
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.limits import check_context
 from runtime.model import ModelBundle
+from runtime.prefix_cache import CachedPrefix, attach, can_cache
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
 
 log = logging.getLogger("fairtick.executor")
@@ -90,8 +91,10 @@ class Executor:
         self._seqs: dict[int, _Sequence] = {}
         self._batch = DecodeBatch(self._seqs)
 
-    def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams) -> None:
-        """Register a sequence; its prompt runs through `run`'s prefill slices."""
+    def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams,
+            prefix: CachedPrefix | None = None) -> None:
+        """Register a sequence; its prompt runs through `run`'s prefill slices, after the
+        `prefix` of it found in the prefix cache (at most all its tokens but the last)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
@@ -100,7 +103,10 @@ class Executor:
                       self.bundle.context_length)
         sampler = SequenceSampler(sampling, self.bundle.eos_token_ids)
         cache = make_prompt_cache(self.model)
-        self._seqs[seq_id] = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
+        seq = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
+        if prefix is not None:
+            self._start_from(seq, prefix)
+        self._seqs[seq_id] = seq
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -173,6 +179,40 @@ class Executor:
         if not self._seqs:
             mx.synchronize()  # a queued step's buffers must be freed before the cache is
             mx.clear_cache()
+
+    # -- the prefix cache's side (runtime/prefix_cache.py) ---------------------------------
+    @property
+    def can_cache_prefixes(self) -> bool:
+        """Whether the model's caches are plain KV that the prefix cache can keep and slice."""
+        return can_cache(make_prompt_cache(self.model))
+
+    def _start_from(self, seq: _Sequence, prefix: CachedPrefix) -> None:
+        if not 0 < prefix.num_tokens < len(seq.prompt):
+            raise ValueError(f"a cached prefix of {prefix.num_tokens} tokens for a prompt of "
+                             f"{len(seq.prompt)}: it must leave the last prompt token to run")
+        assert seq.cache is not None
+        attach(seq.cache, prefix)
+        seq.num_prefilled = seq.num_cached = prefix.num_tokens
+
+    def kv_of(self, seq_id: int) -> tuple[list[int], list[tuple[mx.array, mx.array]]]:
+        """The tokens whose KV the sequence holds, and that KV per layer (keys, values): copies
+        of exactly those tokens, for the prefix cache to keep after the sequence is released."""
+        seq = self._get(seq_id)
+        n = seq.num_cached  # a step queued ahead in the batch is past it, and not kept
+        tokens = (seq.prompt + seq.generated)[:n]
+        if seq.cache is not None:
+            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in seq.cache]
+        else:
+            assert self._batch.cache is not None
+            row = self._batch.ids.index(seq_id)
+            pads = [int(c.left_padding[row].item()) for c in self._batch.cache]
+            layers = [(c.keys[row:row + 1, :, p:p + n], c.values[row:row + 1, :, p:p + n])
+                      for c, p in zip(self._batch.cache, pads, strict=True)]
+        # mx.array copies (mx.contiguous of a slice that is already contiguous would keep the
+        # whole step-rounded buffer alive behind a few tokens).
+        copies = [(mx.array(k), mx.array(v)) for k, v in layers]
+        mx.eval(copies)
+        return tokens, copies
 
     def _get(self, seq_id: int) -> _Sequence:
         try:

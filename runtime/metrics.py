@@ -73,6 +73,7 @@ class EngineMetrics:
             self.preemptions.labels(kind)
         self.parked = Gauge("fairtick_requests_parked", "Prefills parked, waiting for a tick",
                             registry=r)
+        self._add_prefix_cache_metrics(r)
         for action in ("idle", "decode", "prefill", "mixed"):
             self.ticks.labels(action)
         self._add_outcomes(r)
@@ -96,3 +97,19 @@ class EngineMetrics:
         self.e2e_latency = Histogram("fairtick_e2e_request_latency_seconds",
                                      "Submission to the last token of a finished request",
                                      buckets=_E2E_BUCKETS, registry=r)
+
+
+    def _add_prefix_cache_metrics(self, r: CollectorRegistry) -> None:
+        # runtime/prefix_cache.py: what arriving prompts found in it, and what it holds.
+        self.prefix_cache_hit_tokens = Counter(
+            "fairtick_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix "
+            "cache (not prefilled)", registry=r)
+        self.prefix_cache_miss_tokens = Counter(
+            "fairtick_prefix_cache_miss_tokens", "Prompt tokens not found in the prefix cache "
+            "(prefilled)", registry=r)
+        self.prefix_cache_evictions = Counter(
+            "fairtick_prefix_cache_evictions", "Prefix cache entries evicted, least recently "
+            "used first, to stay within the KV the live sequences leave free or its limit",
+            registry=r)
+        self.prefix_cache_tokens = Gauge("fairtick_prefix_cache_tokens",
+                                         "Tokens of KV held by the prefix cache", registry=r)

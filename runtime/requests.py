@@ -27,6 +27,7 @@ class LiveRequest:
         self.last_token_s: float | None = None
         self.num_generated = 0
         self.num_preemptions = 0  # the scheduler's count, copied from its preemption events
+        self.num_cached = 0  # prompt tokens found in the prefix cache (set at arrival)
         self.finish_reason: FinishReason | None = None
 
     @property
@@ -81,7 +82,8 @@ class LiveRequest:
 
     def _send(self, event: TokenEvent) -> None:
         event = TokenEvent(event.request_id, event.token_id, event.text, event.finish_reason,
-                           event.error, len(self.request.prompt_tokens), self.num_generated)
+                           event.error, len(self.request.prompt_tokens), self.num_generated,
+                           self.num_cached)
         try:
             self.sink(event)
         except Exception:  # noqa: BLE001 - a broken sink must not stop the engine

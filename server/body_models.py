@@ -91,6 +91,8 @@ class GenerationBody(Strict):
     logit_bias: LogitBias | None = None
     min_tokens: MinTokens | None = None
     ignore_eos: bool | None = None
+    # llama.cpp's name: false opts the request out of the prefix cache (runtime/prefix_cache.py)
+    cache_prompt: bool | None = None
     user: str | None = None
 
 

@@ -149,6 +149,14 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="the KV token budget: past it arrivals queue and the policy's kv_full "
                    "preempts (default: half the memory available at start-up, divided by the "
                    "model's KV bytes a token; logged at start-up)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction,
+                   default=d["prefix_cache"],
+                   help="keep finished requests' KV so that a prompt starting with the same "
+                   "tokens prefills only the rest; evicted before it would cost anyone KV room "
+                   "(default: on)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=d["prefix_cache_tokens"],
+                   metavar="N", help="the most tokens of KV the prefix cache holds (default: "
+                   "whatever the KV budget leaves free)")
     p.add_argument("--lifecycle", default=d["lifecycle"], metavar="FILE",
                    help="lifecycle spec (default: specs/lifecycle.yaml)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
@@ -221,6 +229,7 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         model=args.model, max_running=args.max_running,
         prefill_chunk_size=args.prefill_chunk_size, policy=args.policy, policy_params=params,
         max_waiting=args.max_waiting, max_kv_tokens=args.max_kv_tokens,
+        prefix_cache=args.prefix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
         lifecycle=args.lifecycle, trace_capacity=args.trace_capacity,
         check_invariants=args.check_invariants,
     )

@@ -26,11 +26,13 @@ def make_header(kind: str, model: str) -> ResponseHeader:
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()))
 
 
-def usage(event: TokenEvent) -> dict[str, int]:
+def usage(event: TokenEvent) -> dict[str, Any]:
     return {
         "prompt_tokens": event.num_prompt_tokens,
         "completion_tokens": event.num_generated_tokens,
         "total_tokens": event.num_prompt_tokens + event.num_generated_tokens,
+        # As OpenAI reports prompt caching: prompt tokens whose KV was reused.
+        "prompt_tokens_details": {"cached_tokens": event.num_cached_tokens},
     }
 
 

@@ -50,7 +50,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     header = fmt.make_header(kind, ctx.limits.name)
     log_ignored(header.request_id, valid.ignored)
     stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
-                                                       valid.sampling))
+                                                       valid.sampling, valid.cache_prompt))
     stream.submit("prompt" if kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished

@@ -88,11 +88,13 @@ def admission_state(engine: Any) -> dict[str, int | None]:
 
 
 def memory_state(engine: Any) -> dict[str, int]:
-    """Sequences holding KV caches, and MLX's allocator: bytes in live arrays (weights and
-    caches) and bytes kept for reuse."""
+    """Sequences holding KV caches, the bytes of KV the prefix cache keeps, and MLX's
+    allocator: bytes in live arrays (weights, caches, the prefix cache) and kept for reuse."""
     import mlx.core as mx
 
+    prefix_cache = engine.prefix_cache
     return {"cached_sequences": engine.executor.num_sequences,
+            "prefix_cache_bytes": prefix_cache.nbytes if prefix_cache is not None else 0,
             "mlx_active_bytes": int(mx.get_active_memory()),
             "mlx_cache_bytes": int(mx.get_cache_memory())}
 

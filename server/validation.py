@@ -80,6 +80,7 @@ class ValidRequest:
     stream: bool
     include_usage: bool
     ignored: tuple[str, ...] = ()
+    cache_prompt: bool = True  # false: the request neither reuses nor leaves a cached prefix
 
 
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
@@ -162,7 +163,8 @@ def validate_request(
                       f"({max_tokens})", "min_tokens")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ValidRequest(kind, tuple(tokens), _sampling(body, max_tokens, limits),
-                        bool(body.stream), include_usage, tuple(ignored_fields(body)))
+                        bool(body.stream), include_usage, tuple(ignored_fields(body)),
+                        body.cache_prompt is not False)
 
 
 def _check_consistency(body: CompletionBody | ChatBody) -> None:

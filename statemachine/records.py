@@ -64,9 +64,13 @@ def admissible(prompt_len: int, max_tokens: int | None, kv_budget: int | None) -
     return None
 
 
-def new_seq(seq_id: int, prompt_len: int, max_tokens: int | None) -> Seq:
-    """A sequence that just arrived (role queued)."""
-    return Seq(seq_id, Role.QUEUED, prompt_len, max_tokens, prompt_len)
+def new_seq(seq_id: int, prompt_len: int, max_tokens: int | None, cached: int = 0) -> Seq:
+    """A sequence that just arrived (role queued); the first `cached` prompt tokens came from
+    the prefix cache, already in its KV (it prefills only the rest)."""
+    if not 0 <= cached < prompt_len:
+        raise ValueError(f"cached prompt tokens must be in [0, {prompt_len - 1}] (the last "
+                         f"prompt token always runs), got {cached}")
+    return Seq(seq_id, Role.QUEUED, prompt_len, max_tokens, prompt_len, prefilled=cached)
 
 
 class World(NamedTuple):

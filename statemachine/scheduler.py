@@ -71,15 +71,16 @@ class Scheduler:
 
     # -- requests in -------------------------------------------------------------------
     def submit(self, seq_id: int, prompt_tokens: int, max_tokens: int | None = None,
-               request_id: str | None = None) -> SeqModel:
+               request_id: str | None = None, cached: int = 0) -> SeqModel:
         """Queue a new sequence; ValueError if it could never run in this layout.
-        `request_id` names it in the trace."""
+        `request_id` names it in the trace; its first `cached` prompt tokens came from the
+        prefix cache (it holds their KV already and prefills only the rest)."""
         if seq_id in self._live or (self._live and seq_id < max(self._live)):
             raise ValueError(f"sequence ids must increase: {seq_id} after {max(self._live)}")
         problem = admissible(prompt_tokens, max_tokens, self.layout.kv_budget)
         if problem is not None:
             raise ValueError(problem)
-        rec = new_seq(seq_id, prompt_tokens, max_tokens)
+        rec = new_seq(seq_id, prompt_tokens, max_tokens, cached)
         model = SeqModel(rec)
         self.machine.add_model(model, initial=self.lifecycle.initial)
         self._live[seq_id] = model
@@ -88,7 +89,8 @@ class Scheduler:
         self._world = self._world._replace(seqs=(*self._world.seqs, rec))
         self.trace.record(TraceEvent(self.tick, seq_id, None, model.state, "arrive", "arrival",
                                      self.clock(), request_id, "arrival",
-                                     self.lifecycle.role_of[model.state].word))
+                                     self.lifecycle.role_of[model.state].word,
+                                     cached_tokens=cached))
         chunks = -(-prompt_tokens // self.layout.chunk_size)
         for key, value in (("seqs", len(self._live)), ("chunks", chunks),
                            ("tokens", prompt_tokens), ("max_tokens", max_tokens or 0),

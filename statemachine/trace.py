@@ -3,7 +3,8 @@
 Events (one JSON object each, in the order they began; docs/trace-event.schema.json):
 
 - `transition`: a lifecycle change (`from` -> `to` by `trigger`, decided by `rule`);
-- `arrival`: a request entered the scheduler (`to` is the initial state);
+- `arrival`: a request entered the scheduler (`to` is the initial state; `cached_tokens`: how
+  many of its prompt tokens came from the prefix cache);
 - `wait`: a run of ticks a sequence stayed parked or queued, under one `rule` (parked: the
   policy's rule that decided those ticks; queued: `running_limit` or `kv_budget`), compressed
   to one event with its first `tick`, `ticks` and `seconds` (grown in place while it lasts:
@@ -46,6 +47,7 @@ class TraceEvent:
     role: str | None = None  # the role of `dst` (statemachine.lifecycle.Role), for readers
     ticks: int | None = None
     seconds: float | None = None
+    cached_tokens: int | None = None  # arrival only: prompt tokens found in the prefix cache
 
     def to_dict(self, started: float | None = None, ongoing: bool = False) -> dict[str, Any]:
         since = None if self.time is None or started is None else round(self.time - started, 6)
@@ -54,6 +56,8 @@ class TraceEvent:
                "role": self.role, "trigger": self.trigger, "rule": self.rule}
         if self.kind == "wait":
             out |= {"ticks": self.ticks, "seconds": self.seconds, "ongoing": ongoing}
+        elif self.kind == "arrival":
+            out["cached_tokens"] = self.cached_tokens or 0
         return out
 
 

@@ -1,6 +1,7 @@
 """A client that disconnects while its sequence is waiting, parked or decoding has it aborted at
 the next tick; afterwards the gauges, the running places, admission's queue, the KV in use, the
-cached sequences and MLX's active memory are back to their idle baseline. (A disconnect while a
+cached sequences and MLX's active memory are back to their idle baseline. (The requests opt
+out of the prefix cache, which keeps aborted requests' KV by design.) (A disconnect while a
 chunk runs, which needs the engine held inside that chunk: tests/server/test_routes.py.)"""
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def test_disconnect_while_waiting(server, baseline):
     before = len(trace_events(server))
     running = open_running(server, 2)
     waiting = OpenStream(server.url, "/v1/completions",
-                         {"prompt": "queued", "max_tokens": 4, "stream": True})
+                         {"prompt": "queued", "max_tokens": 4, "stream": True,
+                          "cache_prompt": False})
     wait_gauge(server, "fairtick_requests_waiting", 1)
     waiting.drop()
     wait_gauge(server, "fairtick_requests_waiting", 0)
@@ -56,7 +58,8 @@ def test_disconnect_while_parked(server, baseline):
     running = open_running(server, 1)
     before = len(trace_events(server))
     parked = OpenStream(server.url, "/v1/completions",
-                        {"prompt": "z" * 4000, "max_tokens": 2, "stream": True})
+                        {"prompt": "z" * 4000, "max_tokens": 2, "stream": True,
+                         "cache_prompt": False})
     wait_gauge(server, "fairtick_requests_parked", 1)
     parked.drop()
     wait_gauge(server, "fairtick_requests_parked", 0)

@@ -122,9 +122,11 @@ def test_the_listen_backlog_reaches_the_kernel(server):
 
 
 def open_running(server, count: int) -> list[OpenStream]:
-    """`count` streams that have each received a token (so each holds a slot)."""
+    """`count` streams that have each received a token (so each holds a slot). They opt out
+    of the prefix cache, so that memory returns to its baseline when they end."""
     streams = [OpenStream(server.url, "/v1/completions",
-                          {"prompt": f"s{i}", "max_tokens": LONG, "stream": True})
+                          {"prompt": f"s{i}", "max_tokens": LONG, "stream": True,
+                           "cache_prompt": False})
                for i in range(count)]
     for stream in streams:
         stream.read_event()

@@ -153,18 +153,26 @@ def test_abort_mid_prefill_stops_after_the_running_chunk(bundle, monkeypatch):
     assert not [e for e in events if e["tick"] > abort["tick"]]
 
 
-def test_many_sequences_leave_no_memory_behind(bundle):
-    engine, got = make_engine(bundle, "mixed_step", max_running=8), Collector()
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_many_sequences_leave_no_memory_behind(bundle, prefix_cache):
+    # With the prefix cache, what it holds is freed when it is emptied (the engine is idle).
+    engine, got = make_engine(bundle, "mixed_step", max_running=8,
+                              prefix_cache=prefix_cache), Collector()
     try:
         submit(engine, got, "warm", prompt(50, 0), max_tokens=5)
         got.wait("warm")
         wait_until(lambda: engine.executor.num_sequences == 0)
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.clear()
         start = mx.get_active_memory()
         ids = [f"r{i}" for i in range(24)]
         for i, rid in enumerate(ids):
             submit(engine, got, rid, prompt(10 + 7 * i, i), max_tokens=5 + i % 7)
         got.wait(*ids)
         wait_until(lambda: engine.executor.num_sequences == 0)
+        if engine.prefix_cache is not None:
+            assert engine.prefix_cache.num_tokens > 0
+            engine.prefix_cache.clear()
         assert mx.get_active_memory() == start
         assert engine.snapshot()["sequences"] == []
     finally:

@@ -110,7 +110,9 @@ def reliability():
 def exact_stream(reliability, text: str = "abcd"):
     out = reliability.Stream(status=200, pieces=list(text), finish=["length"], done=True,
                              usage={"prompt_tokens": 3, "completion_tokens": len(text),
-                                    "total_tokens": 3 + len(text)}, ids={"cmpl-1"})
+                                    "total_tokens": 3 + len(text),
+                                    "prompt_tokens_details": {"cached_tokens": 2}},
+                             ids={"cmpl-1"})
     return out, reliability.Reference("p", text, 3)
 
 
@@ -126,6 +128,9 @@ def test_a_stream_is_exact_only_with_every_token_once(reliability):
     assert reliability.problems(out, ref, 4) == ["no [DONE]"]
     out, ref = exact_stream(reliability)
     out.usage = {**out.usage, "completion_tokens": 5}
+    assert reliability.problems(out, ref, 4) == ["usage"]
+    out, ref = exact_stream(reliability)
+    out.usage = {**out.usage, "prompt_tokens_details": {"cached_tokens": 3}}  # all 3 cached
     assert reliability.problems(out, ref, 4) == ["usage"]
     assert reliability.problems(reliability.Stream(failure="reset"), ref, 4) == ["reset"]
 

@@ -94,7 +94,8 @@ def test_completion_body(served, bundle):
     assert len(choice["text"]) == 4 and choice["text"].isprintable()
     num_prompt = len(bundle.tokenizer.encode("hi"))
     assert body["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": 4,
-                             "total_tokens": num_prompt + 4}
+                             "total_tokens": num_prompt + 4,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     again = post(served.url, "/v1/completions", {"prompt": "hi", "max_tokens": 4}).json()
     assert again["choices"][0]["text"] == choice["text"], "greedy output is reproducible"
 
@@ -111,7 +112,12 @@ def test_chat_stream_with_usage(served):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == whole["choices"][0]["message"]["content"] and len(text) == 3
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    # The same prompt again: all but its last token came from the prefix cache.
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["prompt_tokens_details"] == \
+        {"cached_tokens": whole["usage"]["prompt_tokens"] - 1}
+    assert {**usage, "prompt_tokens_details": None} == \
+        {**whole["usage"], "prompt_tokens_details": None}
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
 
 
