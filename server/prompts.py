@@ -1,9 +1,9 @@
 """Prompts and chat messages: their accepted shapes, and turning them into token ids.
 
-A completion prompt is a string or a list of token ids (a one-element batch of either is
-unwrapped; larger batches are refused, one request is one sequence). Chat messages become a
-prompt through the tokenizer's own chat template when it has one, else through a simple
-role-tagged template (the built-in model has none).
+A completion prompt is a string or a list of token ids, or a batch of either (each prompt its
+own sequences in the engine). Chat messages become a prompt through the tokenizer's own chat
+template when it has one, else through a simple role-tagged template (the built-in model has
+none).
 """
 
 from __future__ import annotations
@@ -14,33 +14,52 @@ from server.errors import invalid
 from server.fields import is_int, show
 
 MAX_MESSAGES = 1024
+MAX_PROMPTS = 64  # prompts in one completions batch
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
-def read_prompt(value: Any, vocab_size: int, encoder: Any) -> list[int]:
-    """The token ids of a completions `prompt`: a string, or token ids checked against the vocab."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
+def read_prompts(value: Any, vocab_size: int, encoder: Any) -> list[list[int]]:
+    """The token ids of each prompt of a completions `prompt`: a string, a list of token ids, a
+    list of strings or a list of lists of token ids (a batch: one choice per prompt, or `n`),
+    at most MAX_PROMPTS of them; an error in a batch names its entry (`prompt[2]`)."""
+    if is_batch(value):
+        if not (all(isinstance(p, str) for p in value) or all(isinstance(p, list) for p in value)):
+            raise invalid("`prompt` must be a string, a list of token ids, a list of strings or "
+                          "a list of lists of token ids; a batch may not mix strings and token "
+                          "lists", "prompt")
+        if len(value) > MAX_PROMPTS:
+            raise invalid(f"`prompt` is a batch of {len(value)} prompts; at most {MAX_PROMPTS} "
+                          "are allowed in one request", "prompt")
+        return [read_prompt(p, vocab_size, encoder, f"prompt[{i}]") for i, p in enumerate(value)]
+    return [read_prompt(value, vocab_size, encoder)]
+
+
+def is_batch(value: Any) -> bool:
+    """Whether a completions `prompt` is a batch: a list of strings or of token lists."""
+    return isinstance(value, list) and bool(value) and \
+        all(isinstance(p, (str, list)) for p in value)
+
+
+def read_prompt(value: Any, vocab_size: int, encoder: Any, param: str = "prompt") -> list[int]:
+    """The token ids of one prompt: a string, or token ids checked against the vocabulary."""
     if isinstance(value, (str, list)) and not value:
         # Before tokenizing: a tokenizer that adds BOS would turn "" into one token.
-        raise invalid("`prompt` must not be empty", "prompt")
+        raise invalid(f"`{param}` must not be empty", param)
     if isinstance(value, str):
         tokens = list(encoder.encode_prompt(value))
     elif isinstance(value, list) and all(is_int(t) for t in value):
         for token in value:
             if not 0 <= token < vocab_size:
-                raise invalid(f"`prompt` token id {token} is outside the vocabulary "
-                              f"[0, {vocab_size})", "prompt")
+                raise invalid(f"`{param}` token id {token} is outside the vocabulary "
+                              f"[0, {vocab_size})", param)
         tokens = list(value)
-    elif isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
-        raise invalid("batched prompts are not supported; send one prompt per request", "prompt")
     elif value is None:
-        raise invalid("`prompt` is required", "prompt")
+        raise invalid(f"`{param}` is required", param)
     else:
-        raise invalid(f"`prompt` must be a string or a list of token ids, got {show(value)}",
-                      "prompt")
+        raise invalid(f"`{param}` must be a string or a list of token ids, got {show(value)}",
+                      param)
     if not tokens:
-        raise invalid("`prompt` must not be empty", "prompt")
+        raise invalid(f"`{param}` must not be empty", param)
     return tokens
 
 

@@ -26,7 +26,7 @@ from server.fields import (
     get_str,
     require_unsupported_default,
 )
-from server.prompts import read_messages, read_prompt
+from server.prompts import is_batch, read_messages, read_prompts
 
 Kind = Literal["completion", "chat"]
 
@@ -37,6 +37,8 @@ MAX_STOP_CHARS = 256
 MAX_SEED = 2**63 - 1
 MAX_TOP_K = 2**31 - 1
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+MAX_N = 64  # choices of one prompt (`n`)
+MAX_CHOICES = 128  # choices of one request: prompts in a completions batch times `n`
 # A chat request without max_tokens: bounded, not the model's whole context (`fairtick serve
 # --default-chat-max-tokens`).
 DEFAULT_CHAT_MAX_TOKENS = 2048
@@ -79,14 +81,32 @@ class PromptEncoder(Protocol):
 
 
 @dataclass(frozen=True)
+class ValidPrompt:
+    """One prompt of a request, tokenized, with the sampling parameters that fit its context."""
+
+    tokens: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
 class ValidRequest:
-    """A request that passed every check: tokenized, with its sampling parameters."""
+    """A request that passed every check: its prompts (a completions batch may hold several;
+    choice `i * n + j` is choice j of prompt i), tokenized, with their sampling parameters."""
 
     kind: Kind
-    prompt_tokens: tuple[int, ...]
-    sampling: SamplingParams
+    prompts: tuple[ValidPrompt, ...]
+    n: int
     stream: bool
     include_usage: bool
+
+    @property
+    def prompt_tokens(self) -> tuple[int, ...]:
+        """The first (usually the only) prompt's tokens."""
+        return self.prompts[0].tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.prompts[0].sampling
 
 
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
@@ -160,17 +180,30 @@ def validate_request(
     _check_model(body, limits)
     _check_unsupported(kind, body, limits)
     stream, include_usage = _read_stream(body)
+    n = _read_n(kind, body)
     fields = _read_sampling_fields(kind, body, limits)
-    prompt_param = "prompt" if kind == "completion" else "messages"
     if kind == "completion":
-        tokens = read_prompt(body.get("prompt"), limits.vocab_size, encoder)
+        prompts = read_prompts(body.get("prompt"), limits.vocab_size, encoder)
+        params = [f"prompt[{i}]" for i in range(len(prompts))] if is_batch(body["prompt"]) \
+            else ["prompt"]
     else:
-        tokens = encoder_chat(encoder, read_messages(body.get("messages")))
+        prompts, params = [encoder_chat(encoder, read_messages(body.get("messages")))], \
+            ["messages"]
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} choices; at "
+                      f"most {MAX_CHOICES} are allowed in one request", "n")
     requested = fields.pop("max_tokens")
     # A context overflow names the field the client set: chat's newer name wins when both are.
     tokens_param = "max_completion_tokens" if kind == "chat" and \
         body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _fit_context(len(tokens), requested, kind, limits, (prompt_param, tokens_param))
+    valid = tuple(_valid_prompt(tokens, requested, fields, kind, limits, (param, tokens_param))
+                  for tokens, param in zip(prompts, params, strict=True))
+    return ValidRequest(kind, valid, n, stream, include_usage)
+
+
+def _valid_prompt(tokens: list[int], requested: int | None, fields: dict[str, Any], kind: Kind,
+                  limits: ModelLimits, params: tuple[str, str]) -> ValidPrompt:
+    max_tokens = _fit_context(len(tokens), requested, kind, limits, params)
     if fields["min_tokens"] > max_tokens:
         raise invalid(f"`min_tokens` ({fields['min_tokens']}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
@@ -179,7 +212,19 @@ def validate_request(
         sampling.validate()
     except ValueError as exc:
         raise invalid(str(exc), None) from None
-    return ValidRequest(kind, tuple(tokens), sampling, stream, include_usage)
+    return ValidPrompt(tuple(tokens), sampling)
+
+
+def _read_n(kind: Kind, body: dict[str, Any]) -> int:
+    # Choices of each prompt, sharing its prefill; `best_of` (completions) only as n itself:
+    # this server does not generate extra candidates to rank by likelihood.
+    n = get_int(body, "n", 1, MAX_N) or 1
+    best_of = get_int(body, "best_of", 1, MAX_N) if kind == "completion" else None
+    if best_of is not None and best_of != n:
+        raise invalid(f"`best_of` must equal `n` ({n}) or be left out: this server does not "
+                      "generate extra candidates to rank", "best_of",
+                      code="unsupported_parameter")
+    return n
 
 
 def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list[int]:
@@ -204,14 +249,12 @@ def check_model_name(name: str, limits: ModelLimits) -> None:
 
 
 def _check_unsupported(kind: Kind, body: dict[str, Any], limits: ModelLimits) -> None:
-    require_unsupported_default(body, "n", (1,))
     check_logit_bias(body, limits.vocab_size)
     require_unsupported_default(body, "presence_penalty", (0, 0.0))
     require_unsupported_default(body, "frequency_penalty", (0, 0.0))
     get_str(body, "user")
     if kind == "completion":
         require_unsupported_default(body, "logprobs", ())
-        require_unsupported_default(body, "best_of", (1,))
         require_unsupported_default(body, "echo", (False,))
         require_unsupported_default(body, "suffix", ("",))
         return
