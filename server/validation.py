@@ -221,9 +221,9 @@ def _read_n(kind: Kind, body: dict[str, Any]) -> int:
     n = get_int(body, "n", 1, MAX_N) or 1
     best_of = get_int(body, "best_of", 1, MAX_N) if kind == "completion" else None
     if best_of is not None and best_of != n:
-        raise invalid(f"`best_of` must equal `n` ({n}) or be left out: this server does not "
-                      "generate extra candidates to rank", "best_of",
-                      code="unsupported_parameter")
+        raise invalid(f"`best_of` other than `n` ({n}) is not supported: this server does not "
+                      "generate extra candidates to rank; send best_of equal to n, or leave it "
+                      "out", "best_of", code="unsupported_parameter")
     return n
 
 

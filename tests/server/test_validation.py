@@ -11,8 +11,10 @@ import pytest
 from runtime.model import load_model
 from server.app import model_limits
 from server.errors import ApiError
-from server.prompts import TokenizerEncoder
+from server.prompts import MAX_PROMPTS, TokenizerEncoder
 from server.validation import (
+    MAX_CHOICES,
+    MAX_N,
     MAX_STOP_SEQUENCES,
     ModelLimits,
     validate_request,
@@ -210,10 +212,17 @@ def test_stream_flags():
            param="stream_options.include_usage")
 
 
-@pytest.mark.parametrize("value", [2, 0, True])
-def test_n_must_be_1(value):
-    err = expect(completion, n=value, param="n", match="not supported")
-    assert err.code == "unsupported_parameter"
+def test_n_and_best_of():
+    assert completion(n=3).n == chat(n=3).n == 3 and completion().n == 1
+    assert completion(n=2, best_of=2).n == 2, "best_of equal to n is n"
+    for value in (0, True, MAX_N + 1, 1.5):
+        expect(completion, n=value, param="n", match=f"integer from 1 to {MAX_N}")
+    for n, best_of in ((1, 2), (3, 2), (2, 5)):
+        err = expect(completion, n=n, best_of=best_of, param="best_of", match="not supported")
+        assert err.code == "unsupported_parameter"
+    expect(chat, best_of=1, param="best_of", match="Unrecognized")  # a completions field
+    expect(completion, prompt=["a"] * 3, n=MAX_CHOICES // 2, param="n",
+           match=f"at most {MAX_CHOICES}")
 
 
 def test_logprobs_are_not_supported():
@@ -286,10 +295,37 @@ def test_prompt_shapes():
     expect(validate, "completion", {}, param="prompt", match="required")
     expect(completion, prompt=5, param="prompt", match="string or a list of token ids")
     expect(completion, prompt=[1, "a"], param="prompt")
-    expect(completion, prompt=["a", "b"], param="prompt", match="batched")
     # The tokenizer turns "" into [BOS]: an empty prompt is refused before it is tokenized.
-    for empty in ("", [], [""], [[]]):
+    for empty in ("", []):
         expect(completion, prompt=empty, param="prompt", match="must not be empty")
+    for empty in ([""], [[]], ["a", ""], [[1], []]):
+        expect(completion, prompt=empty, param=f"prompt[{len(empty) - 1}]",
+               match="must not be empty")
+
+
+def test_batch_prompts_are_one_prompt_each_with_the_room_its_context_leaves():
+    text, ids = encoder().encode_prompt("ab"), [7] * (CONTEXT - 3)
+    valid = completion(prompt=["ab", "hello"], n=2)
+    assert [p.tokens for p in valid.prompts] == [tuple(text), tuple(encoder().encode_prompt(
+        "hello"))] and valid.n == 2
+    valid = completion(prompt=[text, ids])
+    assert [p.tokens for p in valid.prompts] == [tuple(text), tuple(ids)]
+    assert [p.sampling.max_tokens for p in valid.prompts] == [16, 3], "each fits its context"
+    expect(completion, prompt=[text, ids], max_tokens=4, param="max_tokens",
+           match="61 in the prompt[1]")
+    expect(completion, prompt=[text, [7] * CONTEXT], param="prompt[1]", match="no room")
+
+
+def test_batch_prompt_shapes_and_limits():
+    last = limits().vocab_size
+    expect(completion, prompt=["a", [1]], param="prompt", match="may not mix")
+    expect(completion, prompt=[[1], ["a"]], param="prompt[1]", match="list of token ids")
+    expect(completion, prompt=[[1], [2, last]], param="prompt[1]", match="outside the vocab")
+    expect(completion, prompt=[[1], [True]], param="prompt[1]", match="list of token ids")
+    expect(completion, prompt=[[1], [[1]]], param="prompt[1]", match="list of token ids")
+    assert len(completion(prompt=["a"] * MAX_PROMPTS).prompts) == MAX_PROMPTS
+    expect(completion, prompt=["a"] * (MAX_PROMPTS + 1), param="prompt",
+           match=f"at most {MAX_PROMPTS}")
 
 
 def test_message_shapes():
