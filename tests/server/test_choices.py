@@ -18,9 +18,9 @@ from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.api import choice_seed
-from tests.lifecycle_names import ABORTED, FORK, GRANT
-from tests.server.http_helpers import OpenStream, get
-from tests.server.serving import serve
+from tests.lifecycle_names import ABORTED, FORK, GRANT, PREEMPT
+from tests.server.http_helpers import OpenStream, get, post
+from tests.server.serving import POISON, poison_prompts, serve
 
 PROMPT = "The scheduler"
 MAX_TOKENS = 6
@@ -52,7 +52,7 @@ def prompt_tokens_prefilled(served) -> float:
 
 
 def complete(client, model, **fields: Any) -> list[str]:
-    out = client.completions.create(model=model, max_tokens=MAX_TOKENS, **fields)
+    out = client.completions.create(model=model, **{"max_tokens": MAX_TOKENS, **fields})
     assert [c.index for c in out.choices] == list(range(len(out.choices)))
     return [c.text for c in out.choices]
 
@@ -163,6 +163,44 @@ def test_a_client_that_goes_away_cancels_every_choice(served, client):
 
 def json_index(data: str) -> int:
     return int(json.loads(data)["choices"][0]["index"])
+
+
+def test_one_token_choices_finish_with_the_prompts_first_token(client, model):
+    (alone,) = complete(client, model, prompt=PROMPT)
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, n=3)
+    assert [(c.text, c.finish_reason) for c in out.choices] == [(alone[0], "length")] * 3
+
+
+def test_choices_preempted_for_kv_room_are_prefilled_again_and_end_the_same(bundle):
+    # Four choices fork, then outgrow a KV budget that holds about two: the youngest are
+    # preempted (recompute) and prefilled again; every invariant is checked after every tick.
+    with serve(bundle, max_running=8, max_waiting=8, max_kv_tokens=120,
+               check_invariants=True) as served:
+        client = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+        model_id = client.models.list().data[0].id
+        (alone,) = complete(client, model_id, prompt=PROMPT, max_tokens=40)
+        events = len(served.trace())
+        assert complete(client, model_id, prompt=PROMPT, n=4, max_tokens=40) == [alone] * 4
+        triggers = [e["trigger"] for e in served.trace(events)]
+        assert triggers.count(FORK) >= 1 and PREEMPT in triggers
+        served.wait_idle()
+
+
+def test_a_failed_prompt_of_a_batch_is_500_and_aborts_the_others(bundle, monkeypatch):
+    with serve(bundle, max_running=4, max_waiting=4) as served:
+        poison_prompts(served.engine, monkeypatch, "prefill")
+        reply = post(served.url, "/v1/completions",
+                     {"prompt": ["fine", POISON.decode()], "max_tokens": 20_000, "n": 2})
+        assert reply.status == 500 and "injected fault" in reply.error()["message"]
+        served.wait_idle()
+
+
+def test_a_batch_the_queue_cannot_hold_is_429_and_leaves_nothing_behind(bundle):
+    with serve(bundle, max_running=1, max_waiting=1) as served:
+        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b", "c"]})
+        assert reply.status == 429 and "--max-waiting 1" in reply.error()["message"]
+        served.wait_idle()
+        assert post(served.url, "/v1/completions", {"prompt": ["a"]}).status == 200
 
 
 # --- batch and token prompts ------------------------------------------------------------------
