@@ -8,8 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import TokenEvent
-
 
 @dataclass(frozen=True)
 class ResponseHeader:
@@ -26,11 +24,21 @@ def make_header(kind: str, model: str) -> ResponseHeader:
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()))
 
 
-def usage(event: TokenEvent) -> dict[str, int]:
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a whole response: its index, text and finish reason."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's usage: every prompt counted once, the completion tokens of every choice."""
     return {
-        "prompt_tokens": event.num_prompt_tokens,
-        "completion_tokens": event.num_generated_tokens,
-        "total_tokens": event.num_prompt_tokens + event.num_generated_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
@@ -39,21 +47,26 @@ def _envelope(header: ResponseHeader, obj: str, choices: list[dict[str, Any]]) -
             "model": header.model, "choices": choices}
 
 
-def full_body(header: ResponseHeader, text: str, last: TokenEvent) -> dict[str, Any]:
-    """The non-streaming response for a finished request."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
-    if header.kind == "completion":
-        body = _envelope(header, "text_completion", [{**choice, "text": text}])
-    else:
-        message = {"role": "assistant", "content": text}
-        body = _envelope(header, "chat.completion", [{**choice, "message": message}])
-    body["usage"] = usage(last)
-    return body
+def full_body(header: ResponseHeader, choices: list[Choice],
+              counts: dict[str, int]) -> dict[str, Any]:
+    """The non-streaming response for a finished request, its choices in index order."""
+    out = []
+    for c in sorted(choices, key=lambda c: c.index):
+        choice: dict[str, Any] = {"index": c.index, "logprobs": None,
+                                  "finish_reason": c.finish_reason}
+        if header.kind == "completion":
+            out.append({**choice, "text": c.text})
+        else:
+            out.append({**choice, "message": {"role": "assistant", "content": c.text}})
+    obj = "text_completion" if header.kind == "completion" else "chat.completion"
+    return {**_envelope(header, obj, out), "usage": counts}
 
 
-def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-    """One streamed chunk; for chat, `text=None` opens the assistant turn (the role delta)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
+          index: int = 0) -> dict[str, Any]:
+    """One streamed chunk of choice `index`; for chat, `text=None` opens the assistant turn (the
+    role delta)."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
     if header.kind == "completion":
         return _envelope(header, "text_completion", [{**choice, "text": text or ""}])
     if text is None and finish_reason is None:
@@ -63,10 +76,10 @@ def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None) -
     return _envelope(header, "chat.completion.chunk", [{**choice, "delta": delta}])
 
 
-def usage_chunk(header: ResponseHeader, last: TokenEvent) -> dict[str, Any]:
+def usage_chunk(header: ResponseHeader, counts: dict[str, int]) -> dict[str, Any]:
     """The extra last chunk that `stream_options.include_usage` asks for: no choices, usage."""
     obj = "text_completion" if header.kind == "completion" else "chat.completion.chunk"
-    return {**_envelope(header, obj, []), "usage": usage(last)}
+    return {**_envelope(header, obj, []), "usage": counts}
 
 
 def sse(data: dict[str, Any] | str) -> str:
