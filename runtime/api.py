@@ -2,14 +2,15 @@
 
 The engine owns MLX on one thread. Callers hand it a `GenerationRequest` and a sink; the engine
 calls the sink from its own thread with one `TokenEvent` per generated token and a last event
-that carries the finish reason. A sink must be cheap and thread-safe (the server's sink does
+that carries the finish reason, for each of the request's `n` choices (events carry `index`).
+A sink must be cheap and thread-safe (the server's sink does
 `loop.call_soon_threadsafe(queue.put_nowait, event)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from runtime.sampling_params import SamplingParams
@@ -22,12 +23,33 @@ AbortCause = Literal["client_disconnect", "server_shutdown", "error"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One request as the engine sees it: already tokenized and validated."""
+    """One request as the engine sees it: already tokenized and validated. `n` choices share
+    its prompt, prefilled once (choice j samples with `choice_sampling(sampling, j)`)."""
 
     request_id: str
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_prompt: bool = True  # False: neither reuse a cached prefix nor leave one behind
+    n: int = 1
+
+
+# An odd constant near 2**64 / golden ratio (splitmix64's increment): seeds j apart stay apart.
+_SEED_STEP = 0x9E3779B97F4A7C15
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed choice `index` of a request with `seed` samples with: the seed itself for choice
+    0 (so n=1 is unchanged), `(seed + index * 0x9E3779B97F4A7C15) mod 2**63` for the others, so
+    seeded siblings draw different tokens and each is reproduced by an n=1 request with its
+    seed. None (unseeded) stays None: each choice draws a random key."""
+    if seed is None or index == 0:
+        return seed
+    return (seed + index * _SEED_STEP) % 2**63
+
+
+def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
+    """The sampling parameters of choice `index`: the request's, with `choice_seed`."""
+    return replace(sampling, seed=choice_seed(sampling.seed, index))
 
 
 @dataclass(frozen=True)
@@ -41,8 +63,9 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
+    num_generated_tokens: int = 0  # by this choice
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    index: int = 0  # the choice (0 to n - 1)
 
 
 Sink = Callable[[TokenEvent], None]

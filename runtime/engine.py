@@ -19,7 +19,14 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.admission import Admission
-from runtime.api import AbortCause, EngineDead, EngineFull, GenerationRequest, Sink
+from runtime.api import (
+    AbortCause,
+    EngineDead,
+    EngineFull,
+    GenerationRequest,
+    Sink,
+    choice_sampling,
+)
 from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
@@ -94,7 +101,7 @@ class Engine:
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
         self._live: dict[int, LiveRequest] = {}
-        self._by_request: dict[str, int] = {}
+        self._by_request: dict[str, list[int]] = {}  # a request's live choices' sequences
         self._ids = itertools.count()
         self.admission = Admission(config.max_waiting)
         self._thread: threading.Thread | None = None
@@ -149,6 +156,8 @@ class Engine:
             raise EngineDead(f"the engine is not running ({self.error or 'stopped'})")
         if not request.prompt_tokens:
             raise ValueError("the prompt is empty: send at least one token")
+        if not isinstance(request.n, int) or isinstance(request.n, bool) or request.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {request.n!r}")
         check_context(len(request.prompt_tokens), request.sampling.max_tokens,
                       self.bundle.context_length)
         problem = admissible(len(request.prompt_tokens), request.sampling.max_tokens,
@@ -158,7 +167,8 @@ class Engine:
         self.admission.reserve()
 
     def abort(self, request_id: str, cause: AbortCause = "client_disconnect") -> None:
-        """Abort a request at the next tick, whatever state it is in; `cause` is counted."""
+        """Abort a request (all its choices) at the next tick, whatever state it is in;
+        `cause` is counted."""
         self._inbox.put(("abort", (request_id, cause)))
         self._wake.set()
 
@@ -168,6 +178,7 @@ class Engine:
             world = self.scheduler.world()
             seqs = [{"seq": s.seq_id, "request_id": self._live[s.seq_id].request_id
                      if s.seq_id in self._live else None,
+                     "choice": self._live[s.seq_id].index if s.seq_id in self._live else None,
                      "state": self.lifecycle.state_of[s.role], "role": s.role.word,
                      "prefill_left": s.target - s.prefilled, "wait_ticks": s.wait,
                      "generated": s.generated, "kv_tokens": s.kv_cached,
@@ -229,15 +240,18 @@ class Engine:
                     self._record_outcome(live)
                     continue
                 self._live[live.seq_id] = live
-                self._by_request[request.request_id] = live.seq_id
+                self._by_request[request.request_id] = [live.seq_id]
                 prefix = self.prefixes.lookup(live) if self.prefixes is not None else None
                 with self._lock:
                     self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
                                           request.sampling.max_tokens, request.request_id,
                                           cached=live.num_cached)
-                self.executor.add(live.seq_id, request.prompt_tokens, request.sampling, prefix)
-            elif kind == "abort" and item[0] in self._by_request:
-                self._retire(self._by_request[item[0]], item[1])
+                self.executor.add(live.seq_id, request.prompt_tokens, request.sampling,
+                                  prefix=prefix, forks=request.n > 1)
+            elif kind == "abort":
+                request_id, cause = item
+                for seq_id in list(self._by_request.get(request_id, ())):
+                    self._retire(seq_id, cause)
 
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
@@ -257,6 +271,7 @@ class Engine:
         applying = time.perf_counter()
         with self._lock:
             self.scheduler.complete(plan, finished)
+        finished += self._fork(plan)  # before the finished release their caches
         for seq_id in finished:
             self._retire(seq_id, None)
         self._record(plan)
@@ -314,6 +329,10 @@ class Engine:
             tokens = self._run_apart(prefills, decode, exc)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
                                            if w.seq_id in self._live))
+        return self._publish(tokens)
+
+    def _publish(self, tokens: Mapping[int, int]) -> list[int]:
+        # Hand each sequence its token; the ones it finished.
         now, finished = time.monotonic(), []
         for seq_id, token in tokens.items():
             try:
@@ -322,6 +341,51 @@ class Engine:
             except Exception as exc:  # noqa: BLE001
                 self._fail(seq_id, exc)
         return finished
+
+    def _fork(self, plan: Plan) -> list[int]:
+        # The sibling choices of each prompt (n > 1) whose first token came in this tick: born
+        # decoding on a copy of its KV where they fit (statemachine.world.fork), else queued
+        # arrivals that prefill the prompt themselves. Returns the siblings already finished
+        # (by their first token), which the scheduler has finished too.
+        finished = []
+        for work in plan.prefills:
+            live = self._live.get(work.seq_id)
+            if live is not None and live.index == 0 and live.request.n > 1 and \
+                    not live.forked and live.num_generated >= 1:
+                live.forked = True
+                finished += self._fork_siblings(live)
+        with self._lock:
+            for seq_id in finished:
+                self.scheduler.finish(seq_id)
+        return finished
+
+    def _fork_siblings(self, live: LiveRequest) -> list[int]:
+        request, bundle = live.request, self.bundle
+        size = (len(request.prompt_tokens), request.sampling.max_tokens)
+        born = []
+        for index in range(1, request.n):
+            child = LiveRequest(next(self._ids), request, live.sink, bundle.tokenizer,
+                                bundle.eos_token_ids, live.submitted_s, index)
+            child.admitted_s = live.admitted_s  # its request was admitted: no queue place
+            self._live[child.seq_id] = child
+            self._by_request[request.request_id].append(child.seq_id)
+            sampling = choice_sampling(request.sampling, index)
+            with self._lock:
+                forked = self.scheduler.fork(child.seq_id, live.seq_id, *size,
+                                             request.request_id)
+                if not forked:
+                    self.scheduler.submit(child.seq_id, *size, request.request_id)
+            if forked:
+                born.append((child.seq_id, sampling))
+            else:
+                self.executor.add(child.seq_id, request.prompt_tokens, sampling)
+        try:
+            tokens = self.executor.fork(live.seq_id, born)
+        except Exception as exc:  # noqa: BLE001
+            for seq_id, _ in born:
+                self._fail(seq_id, exc)
+            return []
+        return self._publish(tokens)
 
     def _run_apart(self, prefills: list[SliceWork], decode: list[int],
                    exc: Exception) -> dict[int, int]:
@@ -349,7 +413,11 @@ class Engine:
 
     def _retire(self, seq_id: int, cause: AbortCause | None) -> None:
         live = self._live.pop(seq_id)
-        self._by_request.pop(live.request_id, None)
+        choices = self._by_request.get(live.request_id, [])
+        if seq_id in choices:
+            choices.remove(seq_id)
+        if not choices:
+            self._by_request.pop(live.request_id, None)
         self.admission.release(queued=live.admitted_s is None)
         if cause is not None:  # aborted (or failed) before it finished
             with self._lock:

@@ -3,7 +3,8 @@
 `run(prefills, decode)` runs a whole tick as one forward over a ragged batch (runtime/fused.py):
 one decode step for every listed decoding sequence and the next prompt slice of every listed
 prefilling one. Each sequence prefills into its own mlx-lm `KVCache`; when it first decodes, its
-cache joins the decode batch (runtime/decode_batch.py).
+cache joins the decode batch (runtime/decode_batch.py). `fork` makes sibling choices of a
+prompt that just ended (`n` > 1) from copies of its cache and the logits it ended with.
 
 Decode is pipelined the way mlx-lm's generation loop is: while every live sequence is in the
 batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads this step's
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.limits import check_context
@@ -54,7 +56,7 @@ class Slice:
 
 class _Sequence:
     __slots__ = ("seq_id", "prompt", "tokens", "num_prefilled", "num_cached", "sampler", "cache",
-                 "generated")
+                 "generated", "forks", "first_logits")
 
     def __init__(self, seq_id: int, prompt: list[int], sampler: SequenceSampler,
                  cache: list[Any]) -> None:
@@ -66,6 +68,8 @@ class _Sequence:
         self.sampler = sampler
         self.cache: list[Any] | None = cache  # None while its rows live in the decode batch
         self.generated: list[int] = []  # the latest is not in the cache yet
+        self.forks = False  # keep the logits its prompt ends with, for `fork`
+        self.first_logits: mx.array | None = None
 
     @property
     def can_decode(self) -> bool:
@@ -92,9 +96,10 @@ class Executor:
         self._batch = DecodeBatch(self._seqs)
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams,
-            prefix: CachedPrefix | None = None) -> None:
+            prefix: CachedPrefix | None = None, forks: bool = False) -> None:
         """Register a sequence; its prompt runs through `run`'s prefill slices, after the
-        `prefix` of it found in the prefix cache (at most all its tokens but the last)."""
+        `prefix` of it found in the prefix cache (at most all its tokens but the last). With
+        `forks`, the logits its prompt ends with are kept for `fork` (a request with `n` > 1)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
@@ -104,6 +109,7 @@ class Executor:
         sampler = SequenceSampler(sampling, self.bundle.eos_token_ids)
         cache = make_prompt_cache(self.model)
         seq = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
+        seq.forks = forks
         if prefix is not None:
             self._start_from(seq, prefix)
         self._seqs[seq_id] = seq
@@ -156,9 +162,36 @@ class Executor:
                 logits = self._forward(self.model, [self._decode_segment(batch, tokens)])
                 self._batch.ahead = self._sample_rows(batch, logits, ahead=1)
                 mx.async_eval(self._batch.ahead)
-            mx.eval(firsts, [[c.state for c in seq.cache or ()] for seq, _ in slices])
+            mx.eval(firsts, [[c.state for c in seq.cache or ()] for seq, _ in slices],
+                    [seq.first_logits for seq, _ in slices if seq.first_logits is not None])
             decoded = tokens.tolist() if tokens is not None else []
         return self._commit(batch, decoded, slices, [int(t.item()) for t in firsts])
+
+    def fork(self, seq_id: int, children: Sequence[tuple[int, SamplingParams]]) -> dict[int, int]:
+        """New sequences sharing the prompt of `seq_id` (added with `forks`), made right after
+        the tick in which its prompt gave its first token: each starts on a copy of its KV
+        cache (runtime/cache_fork.py: nothing is computed again) and draws its own first token,
+        with its own sampler, from the logits that prompt ended with. Returns each child's first
+        token. The kept logits are dropped: call it once, with no children if none are wanted."""
+        parent = self._get(seq_id)
+        logits, parent.first_logits, parent.forks = parent.first_logits, None, False
+        if not children:
+            return {}
+        if logits is None or parent.cache is None or len(parent.generated) != 1:
+            raise ValueError(f"sequence {seq_id} has not just ended its prompt with `forks`")
+        made: list[tuple[_Sequence, mx.array]] = []
+        for child_id, sampling in children:
+            if child_id in self._seqs or any(child_id == c.seq_id for c, _ in made):
+                raise ValueError(f"sequence {child_id} already exists")
+            sampler = SequenceSampler(sampling.validate(), self.bundle.eos_token_ids)
+            child = _Sequence(child_id, parent.prompt, sampler, fork_cache(parent.cache))
+            child.num_prefilled, child.num_cached = len(child.tokens), parent.num_cached
+            made.append((child, sampler.sample(logits, 0)))
+        mx.eval([token for _, token in made])
+        for child, token in made:
+            child.generated.append(int(token.item()))
+            self._seqs[child.seq_id] = child
+        return {child.seq_id: child.generated[0] for child, _ in made}
 
     def evict(self, seq_id: int) -> None:
         """Drop the sequence's KV cache: its tokens so far (prompt and generated) become the
@@ -276,6 +309,8 @@ class Executor:
                                      strict=True):
             if segment.logits:
                 assert logits is not None
+                if seq.forks and not seq.generated:
+                    seq.first_logits = logits[row: row + 1]
                 firsts.append(seq.sampler.sample(logits[row: row + 1], len(seq.generated)))
                 row += 1
         return tokens, firsts

@@ -105,8 +105,11 @@ MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 
-# Choices and log-probabilities (OpenAI's ranges).
-N = Bound(1, 128, integer=True)
+# Choices and log-probabilities (OpenAI's ranges, but `n` at most MAX_N per prompt).
+MAX_N = 64  # choices of one prompt (`n`), sharing its prefill
+MAX_PROMPTS = 64  # prompts in one completions batch
+MAX_CHOICES = 128  # choices of one request: prompts in a completions batch times `n`
+N = Bound(1, MAX_N, integer=True)
 BEST_OF = Bound(1, 20, integer=True)
 COMPLETION_LOGPROBS = Bound(0, 5, integer=True)
 CHAT_TOP_LOGPROBS = Bound(0, 20, integer=True)

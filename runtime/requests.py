@@ -1,4 +1,5 @@
-"""One request's life on the engine side: its sink, its text stream, its clocks."""
+"""One choice of a request on the engine side (one sequence): its sink, its text stream, its
+clocks."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ def kv_tokens(request: GenerationRequest) -> int:
 
 
 class LiveRequest:
-    """A request the engine holds: turns sampled tokens into events and decides when it ends."""
+    """A choice of a request the engine holds: turns its sampled tokens into events and decides
+    when it ends."""
 
     def __init__(self, seq_id: int, request: GenerationRequest, sink: Sink, tokenizer: object,
-                 eos_token_ids: frozenset[int], submitted_s: float) -> None:
+                 eos_token_ids: frozenset[int], submitted_s: float, index: int = 0) -> None:
         self.seq_id, self.request, self.sink = seq_id, request, sink
+        self.index = index  # the choice this sequence generates (0 to n - 1)
+        self.forked = False  # choice 0 only: its siblings were made at its first token
         self.stream = TextStream(tokenizer, request.sampling.stop)
         self.eos_token_ids = eos_token_ids
         self.submitted_s = submitted_s
@@ -43,7 +47,8 @@ class LiveRequest:
         sampling = self.request.sampling
         if self.last_token_s is None:
             self.first_token_s = now_s
-            metrics.ttft.observe(now_s - self.submitted_s)
+            if self.index == 0:  # the request's first token; its siblings share the prompt
+                metrics.ttft.observe(now_s - self.submitted_s)
         else:
             metrics.itl.observe(now_s - self.last_token_s)
         self.last_token_s = now_s
@@ -83,7 +88,7 @@ class LiveRequest:
     def _send(self, event: TokenEvent) -> None:
         event = TokenEvent(event.request_id, event.token_id, event.text, event.finish_reason,
                            event.error, len(self.request.prompt_tokens), self.num_generated,
-                           self.num_cached)
+                           self.num_cached, self.index)
         try:
             self.sink(event)
         except Exception:  # noqa: BLE001 - a broken sink must not stop the engine

@@ -110,9 +110,11 @@ Tokens = Annotated[list[TokenId], Field(min_length=1)]
 PromptText = Annotated[str, Field(min_length=1)]
 Prompt = Annotated[
     Annotated[PromptText, Tag("string")]
-    | Annotated[list[PromptText], Field(min_length=1), Tag("strings")]
+    | Annotated[list[PromptText], Field(min_length=1, max_length=limits.MAX_PROMPTS),
+                Tag("strings")]
     | Annotated[Tokens, Tag("tokens")]
-    | Annotated[list[Tokens], Field(min_length=1), Tag("token_lists")],
+    | Annotated[list[Tokens], Field(min_length=1, max_length=limits.MAX_PROMPTS),
+                Tag("token_lists")],
     by_json_kind("a string, a list of strings, a list of token ids or a list of lists of "
                  "token ids", _prompt_kind)]
 BestOf = _number(limits.BEST_OF)

@@ -8,8 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import TokenEvent
-
 
 @dataclass(frozen=True)
 class ResponseHeader:
@@ -26,13 +24,23 @@ def make_header(kind: str, model: str) -> ResponseHeader:
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()))
 
 
-def usage(event: TokenEvent) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a whole response: its index, text and finish reason."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage: every prompt counted once, the completion tokens of every choice, and
+    (as OpenAI reports prompt caching) the prompt tokens whose KV was reused."""
     return {
-        "prompt_tokens": event.num_prompt_tokens,
-        "completion_tokens": event.num_generated_tokens,
-        "total_tokens": event.num_prompt_tokens + event.num_generated_tokens,
-        # As OpenAI reports prompt caching: prompt tokens whose KV was reused.
-        "prompt_tokens_details": {"cached_tokens": event.num_cached_tokens},
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -41,21 +49,26 @@ def _envelope(header: ResponseHeader, obj: str, choices: list[dict[str, Any]]) -
             "model": header.model, "choices": choices}
 
 
-def full_body(header: ResponseHeader, text: str, last: TokenEvent) -> dict[str, Any]:
-    """The non-streaming response for a finished request."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
-    if header.kind == "completion":
-        body = _envelope(header, "text_completion", [{**choice, "text": text}])
-    else:
-        message = {"role": "assistant", "content": text}
-        body = _envelope(header, "chat.completion", [{**choice, "message": message}])
-    body["usage"] = usage(last)
-    return body
+def full_body(header: ResponseHeader, choices: list[Choice],
+              counts: dict[str, int]) -> dict[str, Any]:
+    """The non-streaming response for a finished request, its choices in index order."""
+    out = []
+    for c in sorted(choices, key=lambda c: c.index):
+        choice: dict[str, Any] = {"index": c.index, "logprobs": None,
+                                  "finish_reason": c.finish_reason}
+        if header.kind == "completion":
+            out.append({**choice, "text": c.text})
+        else:
+            out.append({**choice, "message": {"role": "assistant", "content": c.text}})
+    obj = "text_completion" if header.kind == "completion" else "chat.completion"
+    return {**_envelope(header, obj, out), "usage": counts}
 
 
-def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-    """One streamed chunk; for chat, `text=None` opens the assistant turn (the role delta)."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
+          index: int = 0) -> dict[str, Any]:
+    """One streamed chunk of choice `index`; for chat, `text=None` opens the assistant turn (the
+    role delta)."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
     if header.kind == "completion":
         return _envelope(header, "text_completion", [{**choice, "text": text or ""}])
     if text is None and finish_reason is None:
@@ -65,10 +78,10 @@ def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None) -
     return _envelope(header, "chat.completion.chunk", [{**choice, "delta": delta}])
 
 
-def usage_chunk(header: ResponseHeader, last: TokenEvent) -> dict[str, Any]:
+def usage_chunk(header: ResponseHeader, counts: dict[str, int]) -> dict[str, Any]:
     """The extra last chunk that `stream_options.include_usage` asks for: no choices, usage."""
     obj = "text_completion" if header.kind == "completion" else "chat.completion.chunk"
-    return {**_envelope(header, obj, []), "usage": usage(last)}
+    return {**_envelope(header, obj, []), "usage": counts}
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -1,15 +1,19 @@
 """OpenAI-compatible generation routes: /v1/completions, /v1/chat/completions (whole or SSE).
 
-Each generation request: validate (server.validation) -> submit to the engine -> relay its token
-events, as one JSON body or as `data: {...}` chunks ending with `data: [DONE]`. The `finally`
-around the relay aborts the sequence when the client goes away before it finished. Unknown fields
-in a body are ignored; the response names them in `fairtick-ignored-fields` (ADR 0010).
+Each generation request: validate (server.validation) -> submit to the engine (one engine
+request per prompt, each with `n` choices) -> relay its token events, as one JSON body (choices
+in index order) or as `data: {...}` chunks, each carrying its choice's `index`, every choice
+ending with its own finish chunk, then `data: [DONE]`. The `finally` around the relay aborts
+every choice when the client goes away before they finished. Unknown fields in a body are
+ignored; the response names them in `fairtick-ignored-fields` (ADR 0010).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from sanic import Blueprint, Request
 from sanic.response import HTTPResponse, JSONResponse, json
@@ -49,8 +53,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     header = fmt.make_header(kind, ctx.limits.name)
     log_ignored(header.request_id, valid.ignored)
-    stream = EventStream(ctx.engine, GenerationRequest(header.request_id, valid.prompt_tokens,
-                                                       valid.sampling, valid.cache_prompt))
+    stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid))
     stream.submit("prompt" if kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
@@ -58,7 +61,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         if valid.stream:
             await _relay_sse(request, stream, header, valid)
             return None
-        return await _collect(stream, header, ignored_header(list(valid.ignored)))
+        return await _collect(stream, header, valid)
     except asyncio.CancelledError:
         log.info("client of %s went away; aborting it", header.request_id)
         cause = "client_disconnect"
@@ -67,13 +70,34 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         stream.close(cause)
 
 
+def engine_requests(request_id: str, valid: ValidRequest) -> list[GenerationRequest]:
+    """One engine request per prompt, each with the request's `n` choices."""
+    many = len(valid.prompts) > 1
+    return [GenerationRequest(f"{request_id}-{i}" if many else request_id, p.tokens, p.sampling,
+                              n=valid.n, cache_prompt=valid.cache_prompt)
+            for i, p in enumerate(valid.prompts)]
+
+
+def _usage(valid: ValidRequest, last: Iterable[TokenEvent]) -> dict[str, Any]:
+    # Each prompt once: its cached tokens are its first choice's (siblings share its prefill).
+    events = list(last)
+    return fmt.usage(sum(len(p.tokens) for p in valid.prompts),
+                     sum(e.num_generated_tokens for e in events),
+                     sum(e.num_cached_tokens for e in events if e.index % valid.n == 0))
+
+
 async def _collect(stream: EventStream, header: fmt.ResponseHeader,
-                   headers: dict[str, str]) -> JSONResponse:
-    parts: list[str] = []
+                   valid: ValidRequest) -> JSONResponse:
+    parts: dict[int, list[str]] = {i: [] for i in range(stream.num_choices)}
+    last: dict[int, TokenEvent] = {}
     async for event in stream.events():
-        parts.append(event.text)
-    _raise_if_failed(stream, event)
-    return json(fmt.full_body(header, "".join(parts), event), headers=headers)
+        parts[event.index].append(event.text)
+        if event.finish_reason is not None:
+            _raise_if_failed(stream, event)
+            last[event.index] = event
+    choices = [fmt.Choice(i, "".join(parts[i]), e.finish_reason) for i, e in last.items()]
+    return json(fmt.full_body(header, choices, _usage(valid, last.values())),
+                headers=ignored_header(list(valid.ignored)))
 
 
 def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
@@ -95,10 +119,12 @@ async def _relay_sse(
     )
     await response.send("", end_stream=False)  # the headers, now: the request is accepted
     if header.kind == "chat":
-        await response.send(fmt.sse(fmt.chunk(header, None, None)))
+        for index in range(stream.num_choices):
+            await response.send(fmt.sse(fmt.chunk(header, None, None, index)))
+    last: dict[int, TokenEvent] = {}
     async for event in stream.events():
         if event.text:
-            await response.send(fmt.sse(fmt.chunk(header, event.text, None)))
+            await response.send(fmt.sse(fmt.chunk(header, event.text, None, event.index)))
         if event.finish_reason is None:
             continue
         try:
@@ -106,8 +132,10 @@ async def _relay_sse(
         except ApiError as exc:  # the status is sent already: report the failure in-band
             await response.send(fmt.sse(exc.to_body()))
             break
-        await response.send(fmt.sse(fmt.chunk(header, "", event.finish_reason)))
+        last[event.index] = event
+        await response.send(fmt.sse(fmt.chunk(header, "", event.finish_reason, event.index)))
+    else:
         if valid.include_usage:
-            await response.send(fmt.sse(fmt.usage_chunk(header, event)))
+            await response.send(fmt.sse(fmt.usage_chunk(header, _usage(valid, last.values()))))
     await response.send(fmt.sse("[DONE]"))
     await response.eof()

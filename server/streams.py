@@ -1,9 +1,12 @@
-"""One request's bridge to the engine: submit, receive token events on the event loop, abort.
+"""One HTTP request's bridge to the engine: submit, receive token events on the event loop,
+abort.
 
-The engine calls the sink from its own thread; the sink only hands the event to the loop
-(`call_soon_threadsafe`), so the engine never waits on a client. `close()` aborts the sequence
-unless it already finished: the route calls it in a `finally`, which is how a client that
-disconnects (Sanic cancels the handler task) frees its slot.
+An HTTP request is one engine request per prompt (a completions batch has several), each with
+`n` choices; events come renumbered with the choice's index in the response (prompt i, choice
+j: i * n + j). The engine calls the sinks from its own thread; a sink only hands the event to
+the loop (`call_soon_threadsafe`), so the engine never waits on a client. `close()` aborts
+every choice not finished yet: the route calls it in a `finally`, which is how a client that
+disconnects (Sanic cancels the handler task) frees its slots.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
-from runtime.api import AbortCause, EngineDead, EngineFull, GenerationRequest, TokenEvent
+from runtime.api import AbortCause, EngineDead, EngineFull, GenerationRequest, Sink, TokenEvent
 from server.errors import ApiError, invalid
 
 # How often a waiting request checks that the engine thread is still alive.
@@ -21,12 +25,15 @@ ENGINE_POLL_S = 1.0
 
 
 class EventStream:
-    """Token events of one submitted request, in order, ending with the finishing event."""
+    """Token events of the submitted requests, in order within each choice, until every choice
+    has sent its finishing event."""
 
-    def __init__(self, engine: Any, request: GenerationRequest) -> None:
+    def __init__(self, engine: Any, *requests: GenerationRequest) -> None:
         self.engine = engine
-        self.request = request
+        self.requests = requests
+        self.num_choices = sum(r.n for r in requests)
         self.finished = False
+        self._open = {r.request_id: r.n for r in requests}  # choices not finished, by request
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -36,10 +43,25 @@ class EventStream:
         except RuntimeError:  # the loop has closed (server shutdown); nobody is listening
             pass
 
+    def _sink_from(self, first: int) -> Sink:
+        # A request's events, its choice j renumbered as choice `first + j` of the response.
+        return lambda event: self._sink(replace(event, index=first + event.index))
+
     def submit(self, prompt_param: str) -> None:
-        """Hand the request to the engine; refusals become the matching HTTP error."""
+        """Hand the requests to the engine; a refusal aborts the ones handed over already and
+        becomes the matching HTTP error."""
+        first = 0
         try:
-            self.engine.submit(self.request, self._sink)
+            for request in self.requests:
+                self._submit_one(request, self._sink_from(first), prompt_param)
+                first += request.n
+        except BaseException:
+            self.close("error")
+            raise
+
+    def _submit_one(self, request: GenerationRequest, sink: Sink, prompt_param: str) -> None:
+        try:
+            self.engine.submit(request, sink)
         except EngineFull as exc:
             retry_s = max(1, math.ceil(exc.retry_after_s))
             raise ApiError(429, f"The server is at capacity: {exc}. Retry after {retry_s} s",
@@ -50,10 +72,15 @@ class EventStream:
             raise invalid(str(exc), prompt_param) from None
 
     async def events(self) -> AsyncIterator[TokenEvent]:
-        """Yield events until the finishing one; a dead engine ends the stream with an error."""
+        """Yield events until every choice has finished; a dead engine ends the stream with an
+        error."""
         while not self.finished:
             event = await self._next_event()
-            self.finished = event.finish_reason is not None
+            if event.finish_reason is not None and event.request_id in self._open:
+                self._open[event.request_id] -= 1
+                if not self._open[event.request_id]:
+                    del self._open[event.request_id]
+            self.finished = not self._open
             yield event
 
     async def _next_event(self) -> TokenEvent:
@@ -69,17 +96,19 @@ class EventStream:
             if getter.done() and not getter.cancelled():
                 return getter.result()
             if not self.engine.alive:
-                return TokenEvent(self.request.request_id, None, "", finish_reason="error",
+                self._open.clear()
+                return TokenEvent(self.requests[0].request_id, None, "", finish_reason="error",
                                   error="the engine thread has stopped")
         return self._queue.get_nowait()
 
     def close(self, cause: AbortCause) -> None:
-        """Abort the sequence if it has not finished: its client went away, or the handler
-        failed (`cause` says which, for /metrics and the log)."""
-        if not self.finished:
-            self.finished = True
+        """Abort every choice not finished yet: its client went away, or the handler failed
+        (`cause` says which, for /metrics and the log)."""
+        self.finished = True
+        for request_id in list(self._open):
+            del self._open[request_id]
             try:
-                self.engine.abort(self.request.request_id, cause)
+                self.engine.abort(request_id, cause)
             except EngineDead:  # nothing left to free
                 pass
 

@@ -3,7 +3,7 @@
 The models (server/body_models.py, server/messages.py) accept these fields in OpenAI's shapes and
 ranges; `refuse_unimplemented` then answers a body that asks for one with anything but its
 no-op value with a 400 `unsupported_parameter` naming it. What is refused: the fields of
-`NOT_YET`, a batch of several prompts (`is_batch`), and in chat messages content parts other
+`NOT_YET`, a completions `best_of` other than `n`, and in chat messages content parts other
 than text and tool calls (`_unsupported_in_message`). To implement one: delete its row or clause
 here and read the field where the body becomes work (server/validation.py `_sampling` for a
 sampling control), with a test that it changes what is generated.
@@ -47,8 +47,6 @@ def _one(kind: str) -> frozenset[str]:
 
 
 NOT_YET: tuple[NotYet, ...] = (
-    NotYet(GENERATION, "n", 1),
-    NotYet(_one(COMPLETION), "best_of", 1),
     NotYet(GENERATION, "min_p", 0),
     NotYet(GENERATION, "presence_penalty", 0),
     NotYet(GENERATION, "frequency_penalty", 0),
@@ -79,9 +77,12 @@ def refuse_unimplemented(kind: str, body: BaseModel) -> None:
             send = "null" if row.no_op is None else f"{json.dumps(row.no_op)} or null"
             raise _unsupported(row.field, f"`{row.field}` is not supported by this server; "
                                f"send {send}")
-    if kind == COMPLETION and is_batch(declared(body, "prompt")):
-        raise _unsupported("prompt", "batched prompts are not supported; send one prompt per "
-                           "request")
+    best_of, n = declared(body, "best_of"), declared(body, "n") or 1
+    if kind == COMPLETION and best_of is not None and best_of != n:
+        # `n` choices share one prefill; ranking extra candidates by likelihood is not done.
+        raise _unsupported("best_of", f"`best_of` other than `n` ({n}) is not supported: this "
+                           "server does not generate extra candidates to rank; send best_of "
+                           "equal to n, or leave it out")
     for index, message in enumerate(declared(body, "messages") or ()):
         for param, why in _unsupported_in_message(message, f"messages[{index}]"):
             raise _unsupported(param, f"`{param}` {why}")
@@ -91,12 +92,6 @@ def declared(body: BaseModel, name: str) -> Any:
     """The value of a field `body`'s model declares; None for an unknown one (pydantic makes
     the ignored unknown fields attributes too)."""
     return getattr(body, name) if name in type(body).model_fields else None
-
-
-def is_batch(prompt: Any) -> bool:
-    """A completions prompt of several strings or token-id lists (a batch of one is that
-    prompt: server/validation.py `read_prompt`)."""
-    return isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], (str, list))
 
 
 def _unsupported_in_message(message: Any, param: str) -> Iterator[tuple[str, str]]:

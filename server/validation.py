@@ -39,6 +39,7 @@ MAX_JSON_DEPTH = 32
 DEFAULT_CHAT_MAX_TOKENS = lim.DEFAULT_CHAT_MAX_TOKENS
 BODY_MODELS: dict[Kind, type[CompletionBody] | type[ChatBody]] = {
     "completion": CompletionBody, "chat": ChatBody}
+MAX_N, MAX_CHOICES = lim.MAX_N, lim.MAX_CHOICES
 
 
 @dataclass(frozen=True)
@@ -70,17 +71,35 @@ class PromptEncoder(Protocol):
 
 
 @dataclass(frozen=True)
+class ValidPrompt:
+    """One prompt of a request, tokenized, with the sampling parameters that fit its context."""
+
+    tokens: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
 class ValidRequest:
-    """A request that passed every check: tokenized, with its sampling parameters, and the
-    paths of the unknown fields it sent (ignored)."""
+    """A request that passed every check: its prompts (a completions batch may hold several;
+    choice `i * n + j` is choice j of prompt i), tokenized, with their sampling parameters, and
+    the paths of the unknown fields it sent (ignored)."""
 
     kind: Kind
-    prompt_tokens: tuple[int, ...]
-    sampling: SamplingParams
+    prompts: tuple[ValidPrompt, ...]
+    n: int
     stream: bool
     include_usage: bool
     ignored: tuple[str, ...] = ()
     cache_prompt: bool = True  # false: the request neither reuses nor leaves a cached prefix
+
+    @property
+    def prompt_tokens(self) -> tuple[int, ...]:
+        """The first (usually the only) prompt's tokens."""
+        return self.prompts[0].tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.prompts[0].sampling
 
 
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
@@ -152,19 +171,28 @@ def validate_request(
     refuse_unimplemented(kind, body)
     if body.model is not None:
         check_model_name(body.model, limits)
+    n = body.n or 1
     if isinstance(body, CompletionBody):
-        tokens, prompt_param = read_prompt(body.prompt, encoder), "prompt"
+        prompts = read_prompts(body.prompt, encoder)
     else:
-        tokens = encoder_chat(encoder, prompt_messages(body.messages))
-        prompt_param = "messages"
+        prompts = [(encoder_chat(encoder, prompt_messages(body.messages)), "messages")]
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} choices; at "
+                      f"most {MAX_CHOICES} are allowed in one request", "n")
+    valid = tuple(_valid_prompt(tokens, param, body, limits) for tokens, param in prompts)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return ValidRequest(kind, valid, n, bool(body.stream), include_usage,
+                        tuple(ignored_fields(body)), body.cache_prompt is not False)
+
+
+def _valid_prompt(tokens: list[int], prompt_param: str, body: CompletionBody | ChatBody,
+                  limits: ModelLimits) -> ValidPrompt:
+    """One prompt with the max_tokens its context leaves room for."""
     max_tokens = _fit_context(len(tokens), body, limits, prompt_param)
     if (body.min_tokens or 0) > max_tokens:
         raise invalid(f"`min_tokens` ({body.min_tokens}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return ValidRequest(kind, tuple(tokens), _sampling(body, max_tokens, limits),
-                        bool(body.stream), include_usage, tuple(ignored_fields(body)),
-                        body.cache_prompt is not False)
+    return ValidPrompt(tuple(tokens), _sampling(body, max_tokens, limits))
 
 
 def _check_consistency(body: CompletionBody | ChatBody) -> None:
@@ -196,16 +224,24 @@ def _sampling(body: CompletionBody | ChatBody, max_tokens: int,
     )
 
 
-def read_prompt(prompt: str | list[str] | list[int] | list[list[int]],
-                encoder: PromptEncoder) -> list[int]:
-    """The token ids of a completions `prompt` (the model checked its shape and ids; a batch of
-    one is its prompt, larger batches were refused)."""
+def read_prompts(prompt: str | list[str] | list[int] | list[list[int]],
+                 encoder: PromptEncoder) -> list[tuple[list[int], str]]:
+    """Each prompt of a completions `prompt` as (token ids, the param an error names): one, or
+    a batch of strings or token-id lists (`prompt[i]`). The model checked the shapes, the
+    batch's size and the ids."""
     if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+        return [(read_prompt(p, encoder, f"prompt[{i}]"), f"prompt[{i}]")
+                for i, p in enumerate(prompt)]
+    return [(read_prompt(prompt, encoder), "prompt")]  # type: ignore[arg-type]
+
+
+def read_prompt(prompt: str | list[int], encoder: PromptEncoder,
+                param: str = "prompt") -> list[int]:
+    """The token ids of one prompt: a string encoded, or its token ids."""
     tokens = list(encoder.encode_prompt(prompt)) if isinstance(prompt, str) else list(prompt)
     if not tokens:
-        raise invalid("`prompt` must not be empty", "prompt")
-    return tokens  # type: ignore[return-value]
+        raise invalid(f"`{param}` must not be empty", param)
+    return tokens
 
 
 def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list[int]:

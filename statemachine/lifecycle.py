@@ -69,6 +69,7 @@ class Trigger(str, enum.Enum):
     PREEMPT = "preempt"
     READMIT = "readmit"
     ABORT = "abort"
+    FORK = "fork"
 
 
 HAS_PREFILL_LEFT = "has_prefill_left"  # the one guard; a predicate of the sequence record
@@ -90,6 +91,8 @@ ROLE_EDGES: dict[tuple[Trigger, Role, Role], tuple[tuple[str, ...], tuple[str, .
     (Trigger.PREEMPT, Role.DECODING, Role.PREEMPTED): ((), ()),
     (Trigger.PREEMPT, Role.PAUSED, Role.PREEMPTED): ((), ()),
     (Trigger.READMIT, Role.PREEMPTED, Role.PARKED): ((), ()),
+    # A sibling choice (`n` > 1) born on a copy of its prompt's KV, with its first token.
+    (Trigger.FORK, Role.QUEUED, Role.DECODING): ((), ()),
     **{(Trigger.ABORT, r, Role.ABORTED): ((), ()) for r in _LIVE},
 }
 

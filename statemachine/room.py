@@ -1,7 +1,8 @@
 """KV room and admission, the part of a tick before the policy decides: when the decoding
 streams' next tokens do not fit the budget, the youngest running sequences pause or are
 preempted (as the policy's `kv_full` says); then queued and preempted sequences are admitted
-in arrival order while the head fits. Called by `world.begin_tick` only."""
+in arrival order while the head fits. Called by `world.begin_tick`, and by `world.fork` to ask
+whether a sibling choice fits as an arrival would."""
 
 from __future__ import annotations
 
@@ -106,3 +107,18 @@ def admit(seqs: list[Seq], kv_full: str, layout: Layout, life: Lifecycle,
         fire(seqs, i, trigger, trigger.value, life, events, wait=0, overtaken=0)
         running += 1
         committed += need
+
+
+def can_fork(seqs: tuple[Seq, ...], rec: Seq, kv_full: str, layout: Layout) -> bool:
+    """Whether a sibling `rec` may be born decoding now: admission would let it in (nothing
+    queued, preempted or paused is ahead of it, a running place is free) and its KV, next to
+    one more token of every decoding row and its own, fits the budget."""
+    counts, committed = census(list(seqs), kv_full)
+    if counts[Role.QUEUED] or counts[Role.PREEMPTED] or counts[Role.PAUSED]:
+        return False
+    if sum(counts[r] for r in KV_ROLES) >= layout.max_running:
+        return False
+    if layout.kv_budget is None:
+        return True
+    decoding = counts[Role.DECODING] + 1 if kv_full != "queue" else 0
+    return committed + rec.kv_reserved(kv_full) + decoding <= layout.kv_budget

@@ -3,9 +3,10 @@
 No MLX here. Each tick is two calls around the executor: `schedule()` runs `begin_tick` (KV
 room, admission, `decide_tick`, grants) and returns its Plan; `complete()` runs `end_tick` on
 what ran, then finishes the sequences the executor ended. Between ticks a sequence may be
-aborted or finished. Every change is the step function's (statemachine.world), applied to the
-models by firing the lifecycle's triggers on the one shared Machine (which refuses an edge the
-spec does not declare) and recorded in the trace.
+aborted or finished, and a sibling choice forked from a prompt that just gave its first token.
+Every change is the step function's (statemachine.world), applied to the models by firing the
+lifecycle's triggers on the one shared Machine (which refuses an edge the spec does not
+declare) and recorded in the trace.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from statemachine.world import (
     admissible,
     begin_tick,
     end_tick,
+    fork,
     leave,
     new_seq,
     tick_state,
@@ -81,22 +83,34 @@ class Scheduler:
         if problem is not None:
             raise ValueError(problem)
         rec = new_seq(seq_id, prompt_tokens, max_tokens, cached)
-        model = SeqModel(rec)
-        self.machine.add_model(model, initial=self.lifecycle.initial)
-        self._live[seq_id] = model
-        if request_id is not None:
-            self._names[seq_id] = request_id
+        model = self._join(rec, request_id)
         self._world = self._world._replace(seqs=(*self._world.seqs, rec))
         self.trace.record(TraceEvent(self.tick, seq_id, None, model.state, "arrive", "arrival",
                                      self.clock(), request_id, "arrival",
                                      self.lifecycle.role_of[model.state].word,
                                      cached_tokens=cached))
-        chunks = -(-prompt_tokens // self.layout.chunk_size)
-        for key, value in (("seqs", len(self._live)), ("chunks", chunks),
-                           ("tokens", prompt_tokens), ("max_tokens", max_tokens or 0),
-                           ("unlimited", max_tokens is None)):
-            self._most[key] = max(self._most[key], value)
         return model
+
+    def fork(self, seq_id: int, parent_id: int, prompt_tokens: int,
+             max_tokens: int | None = None, request_id: str | None = None) -> bool:
+        """A sibling choice of `parent_id`, whose prompt gave its first token in the tick just
+        completed: True if it was born decoding on a copy of that prompt's KV (the trace shows
+        `fork`), False if it does not fit now (nothing changed: submit it as an arrival that
+        prefills the prompt itself). The parent may have finished already."""
+        if seq_id in self._live or (self._live and seq_id < max(self._live)):
+            raise ValueError(f"sequence ids must increase: {seq_id} after {max(self._live)}")
+        problem = admissible(prompt_tokens, max_tokens, self.layout.kv_budget)
+        if problem is not None:
+            raise ValueError(problem)
+        forked = fork(self._world, seq_id, prompt_tokens, max_tokens, self.policy.spec.kv_full,
+                      self.lifecycle, self.layout, f"fork of {parent_id}")
+        if forked is None:
+            return False
+        world, event = forked
+        self._join(event.rec, request_id)
+        self._world = world
+        self._apply((event,), self.tick - 1)
+        return True
 
     def abort(self, seq_id: int) -> bool:
         """Abort a live sequence at once (between ticks); False if it is not live."""
@@ -189,6 +203,20 @@ class Scheduler:
         return self._bounds[key]
 
     # -- internals -----------------------------------------------------------------------
+    def _join(self, rec: Seq, request_id: str | None) -> SeqModel:
+        # A new model, at the lifecycle's initial state; the claims' sizes grow to include it.
+        model = SeqModel(rec)
+        self.machine.add_model(model, initial=self.lifecycle.initial)
+        self._live[rec.seq_id] = model
+        if request_id is not None:
+            self._names[rec.seq_id] = request_id
+        chunks = -(-rec.prompt_len // self.layout.chunk_size)
+        for key, value in (("seqs", len(self._live)), ("chunks", chunks),
+                           ("tokens", rec.prompt_len), ("max_tokens", rec.max_tokens or 0),
+                           ("unlimited", rec.max_tokens is None)):
+            self._most[key] = max(self._most[key], value)
+        return model
+
     def _leave(self, seq_id: int, trigger: Trigger, tick: int | None = None) -> bool:
         if seq_id not in self._live:
             return False

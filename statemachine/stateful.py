@@ -2,7 +2,8 @@
 
 Each example draws a layout (8-16 running, a chunk size, a KV budget or none) and then steps:
 a burst of sequences arrives (any prompt length up to `max_chunks` chunks, a max_tokens), a live
-one is aborted, a decoding one finishes, or a burst of ticks runs (each with a drawn latency
+one is aborted, a decoding one finishes, sibling choices fork from the prompts that just gave
+their first token (with `Sizes.forks`), or a burst of ticks runs (each with a drawn latency
 budget where the policy has a target). The Scheduler runs with `check=True` and a finite starvation
 horizon, so every invariant and claim is checked after every tick; `hypothesis.target` steers
 the search toward the longest waits, queues and preemption counts. A failure shrinks to a short
@@ -32,7 +33,7 @@ from statemachine.lifecycle import Lifecycle, Role, load_lifecycle
 from statemachine.scheduler import Scheduler
 from statemachine.tick import Policy, TickState
 from statemachine.trace import format_table
-from statemachine.world import Layout
+from statemachine.world import Layout, Seq
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Sizes:
     max_tokens: int = 40
     kv_budgets: bool = True  # also draw KV budgets (small enough to preempt)
     horizon: int = 64  # a wait this long is starvation when wait_ticks is unbounded
+    forks: bool = False  # also fork sibling choices (n > 1) from prompts at their first token
+    burst: int | None = None  # most arrivals at once (None: twice the running limit)
 
 
 def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
@@ -57,6 +60,7 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
 
     class SchedulerMachine(RuleBasedStateMachine):
         fired: Counter[str] = Counter()
+        forks: Counter[bool] = Counter()  # siblings forked (True) or queued (False)
         last_trace: Any = None
 
         @initialize(data=st.data())
@@ -74,7 +78,7 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
             self.most = {"wait": 0, "queue": 0, "preemptions": 0}
             SchedulerMachine.last_trace = self.sched.trace
 
-        @rule(count=st.integers(1, 2 * sizes.max_running), data=st.data())
+        @rule(count=st.integers(1, sizes.burst or 2 * sizes.max_running), data=st.data())
         def arrive(self, count: int, data: st.DataObject) -> None:
             # Bursts of arrivals: many prompts parked at once are the worst case for waits.
             chunk, limit = self.sched.layout.chunk_size, self.sched.layout.kv_budget
@@ -107,12 +111,28 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
                                    "budget") if has_target else None
                 plan = self.sched.schedule(_fixed(budget))
                 SchedulerMachine.fired[plan.decision.rule] += 1
-                self.sched.complete(plan)
+                outcome = self.sched.complete(plan)
+                if sizes.forks:
+                    recs = {s.seq_id: s for s in plan.world.seqs}
+                    for seq_id, _, _ in outcome.completed:
+                        self.fork(recs[seq_id], data.draw(st.integers(0, 3), "siblings"))
             for s in self.sched.world().seqs:
                 most = self.most
                 most["wait"] = max(most["wait"], s.wait if s.role is Role.PARKED else 0)
                 most["queue"], most["preemptions"] = max(most["queue"], s.queue), \
                     max(most["preemptions"], s.preemptions)
+
+        def fork(self, parent: Seq, count: int) -> None:
+            # Sibling choices (n > 1) of a prompt whose first token just came (it may have
+            # finished with it), as the engine makes them: born decoding where they fit, else
+            # queued arrivals.
+            for _ in range(min(count, 3 * self.sched.layout.max_running -
+                               len(self.sched.sequences()))):
+                if not self.sched.fork(self.next_id, parent.seq_id, parent.prompt_len,
+                                       parent.max_tokens):
+                    self.sched.submit(self.next_id, parent.prompt_len, parent.max_tokens)
+                SchedulerMachine.forks[self.sched.role(self.next_id) is Role.DECODING] += 1
+                self.next_id += 1
 
         def teardown(self) -> None:
             # Steer the search toward the worst cases the claims bound.
@@ -150,11 +170,12 @@ def stateful_settings(examples: int = 200, steps: int = 50, shrink: bool = True,
 
 @dataclass(frozen=True)
 class StatefulResult:
-    """The shrunk failure as text (None: every claim held), and how often each rule of the
-    policy decided a tick over the whole run."""
+    """The shrunk failure as text (None: every claim held), how often each rule of the policy
+    decided a tick over the whole run, and how the sibling choices it forked went."""
 
     failure: str | None
     fired: Counter[str]
+    forks: Counter[bool]  # sibling choices born decoding (True) or queued (False)
 
 
 def run_stateful(policy: Policy, lifecycle: Lifecycle | None = None, sizes: Sizes = Sizes(),
@@ -172,5 +193,5 @@ def run_stateful(policy: Policy, lifecycle: Lifecycle | None = None, sizes: Size
         return StatefulResult(f"  {exc}\n{notes}\n  trace of the failing run (last 200 "
                               "events):\n" + "\n".join("    " + line
                                                        for line in table.splitlines()),
-                              machine.fired)
-    return StatefulResult(None, machine.fired)
+                              machine.fired, machine.forks)
+    return StatefulResult(None, machine.fired, machine.forks)

@@ -10,8 +10,10 @@ explores exactly what runs. A tick is two calls around the executor:
 2. `end_tick` applies what ran: prefill slices done (the last one yields a token), one token
    per decoding row, sequences at their max_tokens finished, and every counter moved.
 
-`leave` is an abort or a finish between ticks. Sequences are `Seq` records in arrival order
-(statemachine/records.py); the KV room and admission are statemachine/room.py.
+`leave` is an abort or a finish between ticks; `fork` is a sibling choice of a request with
+`n` > 1 born decoding between ticks, right after its prompt gave its first token. Sequences are
+`Seq` records in arrival order (statemachine/records.py); the KV room and admission are
+statemachine/room.py.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ from statemachine.records import (
     kv_cached,
     new_seq,
 )
-from statemachine.room import admit, census, fire, make_room
+from statemachine.room import admit, can_fork, census, fire, make_room
 from statemachine.tick import Decision, ParkedPrefill, Policy, PolicyMemory, TickState, decide_tick
 
 __all__ = ["Arranged", "Budget", "Event", "Layout", "Outcome", "Plan", "PrefillWork", "Seq",
-           "World", "admissible", "arrange", "begin_tick", "end_tick", "grant", "kv_cached",
-           "leave", "new_seq", "tick_state"]
+           "World", "admissible", "arrange", "begin_tick", "end_tick", "fork", "grant",
+           "kv_cached", "leave", "new_seq", "tick_state"]
 
 
 Budget = Callable[[TickState], int]
@@ -147,6 +149,21 @@ def leave(world: World, seq_id: int, trigger: Trigger, life: Lifecycle,
     seqs = world.seqs[:i] + world.seqs[i + 1:]
     decoding = any(r.role is Role.DECODING for r in seqs)
     return World(seqs, world.streak, world.dwait if decoding else 0), event
+
+
+def fork(world: World, seq_id: int, prompt_len: int, max_tokens: int | None, kv_full: str,
+         life: Lifecycle, layout: Layout, rule: str = "fork") -> tuple[World, Event] | None:
+    """A sibling choice of a prompt that just gave its first token: it arrives and is born
+    decoding (`fork`) on a copy of that prompt's KV with a first token of its own, when it fits
+    as an arrival would be admitted (`room.can_fork`); else None and the world is unchanged (the
+    caller then submits it as an arrival that prefills the prompt itself)."""
+    rec = Seq(seq_id, Role.QUEUED, prompt_len, max_tokens, prompt_len, prefilled=prompt_len,
+              generated=1)
+    if not can_fork(world.seqs, rec, kv_full, layout):
+        return None
+    dst = life.move(Role.QUEUED, Trigger.FORK, rec)
+    event = Event(seq_id, Trigger.FORK, Role.QUEUED, dst, rule, rec)
+    return World((*world.seqs, rec._replace(role=dst)), world.streak, world.dwait), event
 
 
 def tick_state(seqs: Collection[Seq], world: World, layout: Layout) -> TickState:

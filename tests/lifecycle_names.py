@@ -25,3 +25,4 @@ PREEMPT = Trigger.PREEMPT.value
 PAUSE = Trigger.PAUSE.value
 RESUME = Trigger.RESUME.value
 READMIT = Trigger.READMIT.value
+FORK = Trigger.FORK.value

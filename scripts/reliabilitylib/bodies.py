@@ -89,7 +89,7 @@ _PROMPTS = st.one_of(_text(1), st.lists(st.integers(0, 255), min_size=1, max_siz
 
 # A change to the key on the left can make the server name one on the right: a prompt that
 # leaves no room for max_tokens, `stream` false beside `stream_options`, max below min_tokens,
-# `n` above `best_of`.
+# an `n` that `best_of` no longer equals (or is below).
 DEPENDS = {"prompt": {"max_tokens"}, "messages": {"max_tokens", "max_completion_tokens"},
            "stream": {"stream_options"}, "max_tokens": {"min_tokens"},
            "max_completion_tokens": {"min_tokens"}, "n": {"best_of"}}

@@ -37,15 +37,15 @@ def classify(reply: Reply) -> str:
 
 
 def send_case(t: Target, case: Case) -> str:
-    """The class of the server's answer to `case`; a field case's 4xx must name a field it
-    changed (its base body is valid)."""
+    """The class of the server's answer to `case`; a field case's 400 or 404 must name a field
+    it changed (its base body is valid; a batch of prompts past the queue is a 429)."""
     try:
         reply = t.exchange(case.method, case.path, raw=case.body,
                            content_type=case.content_type, chunked=case.chunked)
     except (OSError, http.client.HTTPException) as exc:
         return failure_kind(exc)
     kind = classify(reply)
-    if kind == "4xx JSON" and " fields: " in case.label:
+    if kind == "4xx JSON" and reply.status in (400, 404) and " fields: " in case.label:
         changed = {name.lstrip("-") for name in case.label.split(": ")[1].split(",")}
         param = str(reply.json()["error"]["param"]).split("[")[0].split(".")[0]
         if param not in changed:

@@ -13,8 +13,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from runtime.api import GenerationRequest
 from runtime.engine import Engine, EngineConfig
 from runtime.model import ModelBundle
+from runtime.sampling import SamplingParams
 from statemachine.invariants import implied_ttft
 from statemachine.lifecycle import Trigger, load_lifecycle
 from statemachine.spec import POLICIES_DIR, shipped_policy_names
@@ -218,6 +220,10 @@ def test_trace_holds_only_declared_transitions(bundle):
             submit(engine, got, f"r{i}", prompt(20 + 30 * i, i), max_tokens=8 if i == 4 else 40)
         engine.abort("r4")
         got.wait(*(f"r{i}" for i in range(5)))
+        # Two choices of one prompt on the idle engine: the second forks.
+        engine.submit(GenerationRequest("r5", tuple(prompt(20, 5)), SamplingParams(), n=2),
+                      got.sink)
+        wait_until(lambda: sum(e.finish_reason is not None for _, e in got.events["r5"]) == 2)
     finally:
         engine.stop()
     lifecycle = load_lifecycle()
@@ -225,6 +231,7 @@ def test_trace_holds_only_declared_transitions(bundle):
     events = [e for e in engine.trace.events() if e["kind"] == "transition"]
     fired = {e["trigger"] for e in events}
     # All but pause and resume (policies that pause: the memory-pressure test below).
+    assert {e.index for _, e in got.events["r5"]} == {0, 1}
     assert fired == {t.value for t in Trigger} - {"pause", "resume"}, "each fired"
     assert all((e["from"], e["trigger"], e["to"]) in edges for e in events)
 

@@ -118,10 +118,10 @@ def poison_prompts(engine: Engine, monkeypatch: Any, method: str) -> None:
     poisoned: set[int] = set()
     add, run = executor.add, executor.run
 
-    def add_and_mark(seq_id: int, prompt_tokens: Any, sampling: Any, prefix: Any = None) -> None:
+    def add_and_mark(seq_id: int, prompt_tokens: Any, sampling: Any, **options: Any) -> None:
         if POISON in bytes(t for t in prompt_tokens if t < 256):
             poisoned.add(seq_id)
-        add(seq_id, prompt_tokens, sampling, prefix)
+        add(seq_id, prompt_tokens, sampling, **options)
 
     def failing(prefills: Any, decode: Any) -> Any:
         ids = [w.seq_id for w in prefills] if method == "prefill" else list(decode)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from reliabilitylib.bodies import CHAT, COMPLETIONS, FuzzedBody, fuzzed_bodies, top_level
 from reliabilitylib.schema_bodies import MODELS, schema_bodies
 
+from runtime.limits import MAX_PROMPTS
 from runtime.model import BUILTIN_CONFIG
 from server.body_reading import IGNORED_FIELDS_HEADER, MAX_HEADER_FIELDS
 from tests.server.http_helpers import Reply, post
@@ -33,7 +34,8 @@ SETTINGS = settings(max_examples=100, database=None, deadline=None,
 
 @pytest.fixture(scope="module")
 def served(bundle):
-    with serve(bundle, max_body_bytes=MAX_BODY_BYTES) as served:
+    # A queue place for each prompt of the largest batch a changed `prompt` can be.
+    with serve(bundle, max_body_bytes=MAX_BODY_BYTES, max_waiting=MAX_PROMPTS) as served:
         yield served
 
 
@@ -54,17 +56,20 @@ def check_answer(reply: Reply, case: FuzzedBody) -> None:
 
 
 def check_completion(reply: Reply, case: FuzzedBody) -> None:
-    """A whole completion: SSE ending with [DONE], or a body with one choice."""
+    """A 2xx is a whole completion: SSE ending with [DONE], or a body with its choices (one,
+    unless a change made `n` or a batch of prompts) in index order."""
     if reply.headers["content-type"].startswith("text/event-stream"):
         events = reply.sse_data()
         assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1])
         return
     body = reply.json()
-    [choice] = body["choices"]
-    text = choice["message"]["content"] if case.path == CHAT else choice["text"]
-    # The built-in model never emits EOS: it stops at max_tokens or at a stop sequence.
-    assert choice["finish_reason"] in ("length", "stop") and isinstance(text, str)
-    assert 1 <= body["usage"]["completion_tokens"] <= 16
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == list(range(len(choices))) and choices
+    for choice in choices:
+        text = choice["message"]["content"] if case.path == CHAT else choice["text"]
+        # The built-in model never emits EOS: it stops at max_tokens or at a stop sequence.
+        assert choice["finish_reason"] in ("length", "stop") and isinstance(text, str)
+    assert len(choices) <= body["usage"]["completion_tokens"] <= 16 * len(choices)
 
 
 def check_error(reply: Reply, case: FuzzedBody) -> None:

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from runtime.limits import MAX_STOP_SEQUENCES
+from runtime.limits import MAX_CHOICES, MAX_N, MAX_PROMPTS, MAX_STOP_SEQUENCES
 from runtime.model import load_model
 from server.app import model_limits
 from server.body_models import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody
@@ -225,15 +225,22 @@ def test_stream_flags():
            param="stream_options.include_usage")
 
 
-def test_n_must_be_1():
-    err = expect(completion, n=2, param="n", match="not supported by this server; send 1")
-    assert err.code == "unsupported_parameter"
-    assert completion(n=1) == completion()
+def test_n_and_best_of():
+    assert completion(n=3).n == chat(n=3).n == 3 and completion().n == 1
+    assert completion(n=2, best_of=2).n == 2, "best_of equal to n is n"
+    for n, best_of in ((1, 2), (2, 5)):
+        err = expect(completion, n=n, best_of=best_of, param="best_of", match="not supported")
+        assert err.code == "unsupported_parameter"
+    err = expect(completion, n=3, best_of=2, param="best_of", match="must be at least `n`")
+    assert err.code is None
+    assert chat(best_of=3).ignored == ("best_of",), "a completions field, unknown to chat"
+    expect(completion, prompt=["a"] * 3, n=MAX_CHOICES // 2, param="n",
+           match=f"at most {MAX_CHOICES}")
 
 
-@pytest.mark.parametrize("value", [0, 129, True, 1.0])
+@pytest.mark.parametrize("value", [0, MAX_N + 1, True, 1.0])
 def test_n_outside_its_range_is_a_400_naming_the_range(value):
-    err = expect(completion, n=value, param="n", match="an integer from 1 to 128")
+    err = expect(completion, n=value, param="n", match=f"an integer from 1 to {MAX_N}")
     assert err.code is None
 
 
@@ -337,13 +344,36 @@ def test_prompt_shapes():
            "token ids or a list of lists of token ids, got 5")
     expect(completion, prompt=[1, "a"], param="prompt[1]", match='an integer, got "a"')
     expect(completion, prompt=["a", 1], param="prompt[1]", match="a non-empty string, got 1")
-    for batch in (["a", "b"], [[1], [2]]):
-        err = expect(completion, prompt=batch, param="prompt", match="batched")
-        assert err.code == "unsupported_parameter"
     # The tokenizer turns "" into [BOS]: an empty prompt is refused before it is tokenized.
     for empty, param in (("", "prompt"), ([], "prompt"), ([""], "prompt[0]"),
-                         ([[]], "prompt[0]")):
+                         ([[]], "prompt[0]"), (["a", ""], "prompt[1]"), ([[1], []], "prompt[1]")):
         expect(completion, prompt=empty, param=param, match="must be a non-empty")
+
+
+def test_batch_prompts_are_one_prompt_each_with_the_room_its_context_leaves():
+    text, ids = encoder().encode_prompt("ab"), [7] * (CONTEXT - 3)
+    valid = completion(prompt=["ab", "hello"], n=2)
+    assert [p.tokens for p in valid.prompts] == [tuple(text), tuple(encoder().encode_prompt(
+        "hello"))] and valid.n == 2
+    valid = completion(prompt=[text, ids])
+    assert [p.tokens for p in valid.prompts] == [tuple(text), tuple(ids)]
+    assert [p.sampling.max_tokens for p in valid.prompts] == [16, 3], "each fits its context"
+    expect(completion, prompt=[text, ids], max_tokens=4, param="max_tokens",
+           match="61 in the prompt[1]")
+    expect(completion, prompt=[text, [7] * CONTEXT], param="prompt[1]", match="no room")
+
+
+def test_batch_prompt_shapes_and_limits():
+    last = limits().vocab_size
+    expect(completion, prompt=["a", [1]], param="prompt[1]", match="a non-empty string, got [1]")
+    expect(completion, prompt=[[1], ["a"]], param="prompt[1][0]", match='an integer, got "a"')
+    expect(completion, prompt=[[1], [2, last]], param="prompt[1][1]",
+           match="inside the vocabulary")
+    expect(completion, prompt=[[1], [True]], param="prompt[1][0]", match="an integer")
+    expect(completion, prompt=[[1], [[1]]], param="prompt[1][0]", match="an integer")
+    assert len(completion(prompt=["a"] * MAX_PROMPTS).prompts) == MAX_PROMPTS
+    expect(completion, prompt=["a"] * (MAX_PROMPTS + 1), param="prompt",
+           match=f"a list of 1 to {MAX_PROMPTS} strings, got {MAX_PROMPTS + 1} items")
 
 
 def test_message_shapes():

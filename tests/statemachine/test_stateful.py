@@ -19,6 +19,15 @@ def test_claims_hold_and_every_rule_fires(name):
     assert not silent, f"rules that never decided a tick: {silent}"
 
 
+@pytest.mark.parametrize("name", NON_BASELINE)
+def test_claims_hold_with_sibling_choices_forked_at_first_tokens(name):
+    # n > 1: siblings born decoding on the prompt's KV where they fit, queued where they don't.
+    result = run_stateful(make_policy(name), sizes=Sizes(forks=True, burst=3), examples=40,
+                          steps=25, derandomize=True)
+    assert result.failure is None, result.failure
+    assert result.forks[True] and result.forks[False], result.forks
+
+
 def test_baseline_starves_at_the_horizon():
     result = run_stateful(make_policy("baseline"), sizes=Sizes(horizon=16, kv_budgets=False),
                           examples=100, steps=25, shrink=False, derandomize=True)
