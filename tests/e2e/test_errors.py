@@ -49,12 +49,11 @@ def test_malformed_bodies(server, raw, param, words):
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
     ({"prompt": "x", "logit_bias": {"999999": 5}}, "logit_bias"),
     ({"prompt": "x", "seed": -5}, "seed"),
-    ({"prompt": [1, 10**6]}, "prompt"),
-    ({"prompt": "x", "wat": 1}, "wat"),
+    ({"prompt": [1, 10**6]}, "prompt[1]"),
     ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "x", "temperature": 10**400}, "temperature"),
     ({"prompt": "x", "top_p": "1"}, "top_p"),
-    ({"prompt": "x", "stop": ["a", 1]}, "stop"),
+    ({"prompt": "x", "stop": ["a", 1]}, "stop[1]"),
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
@@ -66,6 +65,11 @@ def test_invalid_fields(server, body, param):
     reply = post(server.url, "/v1/completions", body)
     assert reply.status == 400, reply.body
     assert reply.error()["param"] == param
+
+
+def test_an_unknown_field_is_ignored_and_named(server):
+    reply = post(server.url, "/v1/completions", {**GOOD, "wat": 1})
+    assert reply.status == 200 and reply.headers["fairtick-ignored-fields"] == "wat"
 
 
 def test_a_number_too_large_for_a_float(server):

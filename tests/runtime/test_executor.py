@@ -14,6 +14,7 @@ from mlx_lm.models import llama, qwen2, qwen3
 
 from runtime import executor as executor_module
 from runtime.executor import Executor, Slice
+from runtime.limits import TEMPERATURE
 from runtime.model import BUILTIN_CONFIG, ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler
 
@@ -246,7 +247,9 @@ def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, 
 def test_default_model_emits_printable_ascii_only(bundle: ModelBundle) -> None:
     prompts = {i: text_prompt(3 + 11 * i, seed=100 + i) for i in range(4)}
     sampling = {
-        i: SamplingParams(temperature=[0.0, 1.0, 3.0, 10.0][i], seed=i, max_tokens=32)
+        # Up to the highest temperature any request may ask for (runtime/limits.py).
+        i: SamplingParams(temperature=[0.0, 1.0, 1.5, TEMPERATURE.high][i], seed=i,
+                          max_tokens=32)
         for i in prompts
     }
     out = run_staggered(Executor(bundle), prompts, sampling, 32)
