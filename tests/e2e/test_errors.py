@@ -44,7 +44,7 @@ def test_malformed_bodies(server, raw, param, words):
     ({"prompt": "x", "stop": 7}, "stop"),
     ({"prompt": "x", "n": 65}, "n"),
     ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
-    ({"prompt": ["x", 5]}, "prompt"),
+    ({"prompt": ["x", 5]}, "prompt[1]"),  # a batch of strings: item 1 is not one
     ({"prompt": [[1], []]}, "prompt[1]"),
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
     ({"prompt": "x", "logit_bias": {"999999": 5}}, "logit_bias"),
