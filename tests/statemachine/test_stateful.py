@@ -23,7 +23,7 @@ def test_claims_hold_and_every_rule_fires(name):
 def test_claims_hold_with_sibling_choices_forked_at_first_tokens(name):
     # n > 1: siblings born decoding on the prompt's KV where they fit, queued where they don't.
     result = run_stateful(make_policy(name), sizes=Sizes(forks=True, burst=3), examples=40,
-                          steps=25, derandomize=True)
+                          steps=50, derandomize=True)
     assert result.failure is None, result.failure
     assert result.forks[True] and result.forks[False], result.forks
 
