@@ -160,9 +160,13 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
     width, height = figure_size_px(len(shown))
     fig, ax = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
+    ends = [t for s in spans for t in (s.start, s.end)]
+    # A stretch too short for the picture still shows, a few pixels wide: every state in the
+    # legend is drawn.
+    least = (max(ends, default=1) - min(ends, default=0)) * 4 / WIDTH_PX
     for state, colour in colours.items():
         for seq in shown:
-            bars = [(s.start, s.end - s.start) for s in spans
+            bars = [(s.start, max(s.end - s.start, least)) for s in spans
                     if s.seq == seq and s.state == state]
             if bars:
                 ax.broken_barh(bars, (lane_of[seq] - 0.4, 0.8), facecolors=colour)
@@ -170,8 +174,7 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
                   fontsize=8 if len(shown) < 30 else 6)
     ax.set_ylim(-0.6, len(shown) - 0.4)
     ax.set_xlabel("tick" if by_tick else "seconds since the server started")
-    ends = [t for s in spans for t in (s.start, s.end)]
-    ax.set_xlim(min(ends, default=0), max(ends, default=1))
+    ax.set_xlim(min(ends, default=0), max(ends, default=1) + least)
     hidden = f" ({len(seqs) - len(shown)} older sequences not shown)" if len(seqs) > MAX_LANES \
         else ""
     ax.set_title((title or f"fairtick trace: {len(seqs)} sequences") + hidden, fontsize=10)
