@@ -9,10 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-# The stretch each role belongs to.
-PHASES = {"queued": "queued", "preempted": "queued (preempted)", "paused": "paused",
-          "parked": "prefill", "prefilling": "prefill", "decoding": "decode"}
-ENDS = ("finished", "aborted")
+from statemachine.lifecycle import Role
+
+# The stretch each role (an event's `role`: Role.word) belongs to.
+PHASES = {Role.QUEUED.word: "queued", Role.PREEMPTED.word: "queued (preempted)",
+          Role.PAUSED.word: "paused", Role.PARKED.word: "prefill",
+          Role.PREFILLING.word: "prefill", Role.DECODING.word: "decode"}
+ENDS = (Role.FINISHED.word, Role.ABORTED.word)
 
 
 @dataclass
@@ -64,9 +67,9 @@ def _sequence_story(request_id: str, seq: int, events: list[dict[str, Any]]) -> 
             stretches[-1].end = max(stretches[-1].end, now)
         if e.get("trigger") == "grant" and stretches:
             stretches[-1].grants += 1
-        if role in ("preempted", "paused") and e.get("from") is not None:
+        if role in (Role.PREEMPTED.word, Role.PAUSED.word) and e.get("from") is not None:
             preemptions += 1
-        if role == "decoding" and first_token is None:
+        if role == Role.DECODING.word and first_token is None:
             first_token = now - origin
         if role in ENDS:
             outcome = f"{role} ({e.get('rule')}) at {now - origin:.3f} s"
