@@ -122,8 +122,11 @@ class TimedStream:
 
     def __init__(self, url: str, prompt: str, max_tokens: int, timeout_s: float) -> None:
         self.url, self.timeout_s = url, timeout_s
+        # cache_prompt false: a prompt sent alone and then again in the scenario is prefilled
+        # both times (fairtick's prefix cache would serve the second from the first; other
+        # servers ignore the field).
         self.body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                                "temperature": 0})
+                                "temperature": 0, "cache_prompt": False})
         self.max_tokens = max_tokens
         self.sent_s: float | None = None
         self.times_s: list[float] = []

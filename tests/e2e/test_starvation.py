@@ -60,13 +60,15 @@ def run_scenario(url: str, max_tokens: int) -> dict:
     """Streams first, then the prompt; returns the trace split by who is who, and counters."""
     before_streams = len(trace(url))
     streams = [OpenStream(url, "/v1/completions",
-                          {"prompt": f"stream {i}", "max_tokens": max_tokens, "stream": True})
+                          {"prompt": f"stream {i}", "max_tokens": max_tokens, "stream": True,
+                           "cache_prompt": False})
                for i in range(STREAMS)]
     for stream in streams:
         stream.read_event()
     before_prompt, at_admission = len(trace(url)), counters(url)
     prompt = OpenStream(url, "/v1/completions",
-                        {"prompt": PROMPT, "max_tokens": 2, "stream": True})
+                        {"prompt": PROMPT, "max_tokens": 2, "stream": True,
+                         "cache_prompt": False})  # every run prefills it in chunks
     # The prompt was submitted before its headers came, so it is admitted by the next tick at
     # the latest: by then no stream has more than one token beyond what the state shows now.
     ids = {stream.request_id for stream in streams}
