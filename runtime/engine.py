@@ -274,12 +274,12 @@ class Engine:
         finished += self._fork(plan)  # before the finished release their caches
         for seq_id in finished:
             self._retire(seq_id, None)
-        self._record(plan)
+        kv_used = self._record(plan)
         end = time.perf_counter()
         self.trace.tick(TickRecord(
             plan_tick, time.time() - (end - start), end - start, plan.decision.action,
             plan.decision.rule, len(plan.decode), sum(w.num_tokens for w in plan.prefills),
-            sum(s.kv_cached for s in self.scheduler.world().seqs)))
+            kv_used))
         self.costs.observe(shape, end - start, self._target_s)
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
@@ -455,7 +455,8 @@ class Engine:
                     self.metrics.queue_time.observe(now_s - live.submitted_s)
                     self.admission.admitted()
 
-    def _record(self, plan: Plan) -> None:
+    def _record(self, plan: Plan) -> int:
+        """Count the tick in /metrics; returns the KV tokens in use after it."""
         m, decision = self.metrics, plan.decision
         m.ticks.labels(decision.action).inc()
         m.prefill_chunks.inc(len(plan.prefills))
@@ -468,12 +469,15 @@ class Engine:
         waits = {p.seq_id: p.wait_ticks for p in plan.state.parked}
         for seq_id in decision.granted:
             m.parked_wait.observe(waits[seq_id])
-        self._set_gauges()
+        return self._set_gauges()
 
-    def _set_gauges(self) -> None:
+    def _set_gauges(self) -> int:
+        """Set the sequence and KV gauges; returns the KV tokens in use."""
         world = self.scheduler.world()
         state = self.scheduler.tick_state()
         self.metrics.parked.set(state.num_parked)
         self.metrics.waiting.set(state.num_waiting)
         self.metrics.running.set(state.num_running)
-        self.metrics.kv_used.set(sum(s.kv_cached for s in world.seqs))
+        kv_used = sum(s.kv_cached for s in world.seqs)
+        self.metrics.kv_used.set(kv_used)
+        return kv_used
