@@ -62,11 +62,17 @@ class ParameterSpec:
     env: str
     doc: str
 
+    @property
+    def integral(self) -> bool:
+        """Whether only whole numbers are allowed."""
+        return all(isinstance(v, int) for v in (self.default, self.minimum, self.maximum))
+
     def validate(self, value: int | float, origin: str) -> int | float:
-        """Return `value` converted to the default's type, or raise ValueError naming it."""
-        if isinstance(self.default, int) and not float(value).is_integer():
+        """Return `value` converted to the parameter's type, or raise ValueError naming it. A
+        parameter is an integer when its default and both ends of its range are."""
+        if self.integral and not float(value).is_integer():
             raise ValueError(f"{origin}: {self.name} must be an integer, got {value}")
-        value = int(value) if isinstance(self.default, int) else float(value)
+        value = int(value) if self.integral else float(value)
         if not self.minimum <= value <= self.maximum:
             raise ValueError(f"{origin}: {self.name} must be in [{self.minimum}, "
                              f"{self.maximum}], got {value}")

@@ -262,3 +262,12 @@ def test_trace_sends_the_key_a_locked_server_asks_for(bundle, capsys, monkeypatc
         assert main(["trace", "--url", served.url, "--api-key", "sk-ops"]) == 0
         monkeypatch.setenv(API_KEY_ENV, "sk-ops")
         assert main(["trace", "--url", served.url, "--json"]) == 0
+
+
+def test_a_parameter_with_a_fractional_range_takes_fractions_and_an_integral_one_does_not():
+    budget, counter = load_policy("token_budget"), load_policy("grant_counter")
+    factor = next(p for p in budget.parameters if p.name == "itl_factor")
+    interval = counter.parameters[0]
+    assert resolve_policy_params(budget, {flag_dest(factor.name): "3.5"}, {})[factor.name] == 3.5
+    with pytest.raises(ValueError, match="must be an integer"):
+        resolve_policy_params(counter, {flag_dest(interval.name): "3.5"}, {})
