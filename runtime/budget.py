@@ -35,6 +35,7 @@ _CLOSE = 0.1
 _MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
 _MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
 _MARGIN_MIN_SAMPLES = 8
+_DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,21 @@ class CostModel:
         every = _REFIT_EVERY_DECODE_ONLY if close and not shape.slices else _REFIT_EVERY
         if self._coef is None or self._since_fit >= every:
             self._fit()
+
+    def decode_step_p95_s(self, decode_contexts: Sequence[int]) -> float | None:
+        """The 95th percentile of a decode-only tick over these rows, as this machine runs it
+        now: the model's prediction times the 0.95-quantile of measured / predicted over the
+        recent decode-only ticks (the noise of the machine and of the threads beside the
+        engine, which a fit of the mean leaves out). None until something is measured."""
+        predicted = self.predict_s(TickShape(tuple(decode_contexts)))
+        if predicted is None or self._coef is None:
+            return predicted
+        recent = list(self._without)
+        if len(recent) < _MARGIN_MIN_SAMPLES:
+            return predicted
+        fitted = np.array([f for f, _ in recent]) @ self._coef
+        ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
+        return predicted * max(1.0, float(np.quantile(ratios, _DECODE_QUANTILE)))
 
     def margin(self) -> float:
         """The factor predictions are scaled by when sizing a slice (1 until enough slices)."""

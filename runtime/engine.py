@@ -292,7 +292,7 @@ class Engine:
         if not state.num_decoding or not state.parked or expr is None:
             return chunk
         rows = self.executor.decode_contexts()
-        decode_s = self.costs.predict_s(TickShape(tuple(rows)))
+        decode_s = self.costs.decode_step_p95_s(rows)
         if decode_s is None:
             return 0
         self._target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3

@@ -103,7 +103,8 @@ class PolicySpec:
     rules: tuple[Rule, ...]
     claims: dict[str, Expr | None]  # None: the policy honestly claims no bound
     kv_full: str = "recompute"
-    # Milliseconds a tick may take (over parameters and the measured `decode_step_ms`); the
+    # Milliseconds a tick may take (over parameters and `decode_step_ms`, the p95 of a decode
+    # step as measured on this machine now); the
     # engine turns it into `budget_tokens` for each tick. None: no latency target.
     tick_budget_ms: Expr | None = None
 

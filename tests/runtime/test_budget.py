@@ -183,3 +183,26 @@ def test_records_hold_the_prediction_made_before_each_tick():
     record = model.records[-1]
     assert record.predicted_s == before and record.measured_s == truth(shape)
     assert record.target_s == 0.05 and record.shape == shape
+
+
+def test_the_decode_step_p95_carries_the_machines_tail_and_follows_the_context():
+    # One decode tick in ten is slowed 1.6x (another thread took the core): the p95 of a
+    # decode step is the slow one, though a fit of the mean predicts about 1.06x.
+    truth, rng = machine(), random.Random(5)
+    model = CostModel()
+    for i in range(400):
+        rows = (rng.randrange(200, 2000),) * 4
+        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.6 if i % 10 == 0 else 1.0))
+    for context in (500, 1500):
+        rows = (context,) * 4
+        p95, mean = model.decode_step_p95_s(rows), model.predict_s(TickShape(rows))
+        assert p95 == pytest.approx(1.6 * truth(TickShape(rows)), rel=0.1)
+        assert mean < 0.8 * p95
+    assert model.decode_step_p95_s((1500,) * 4) > model.decode_step_p95_s((500,) * 4)
+
+
+def test_the_decode_step_p95_is_the_prediction_while_few_decode_ticks_were_seen():
+    model, truth = CostModel(), machine()
+    assert model.decode_step_p95_s((100,)) is None
+    model.observe(TickShape((100,)), truth(TickShape((100,))) * 3)
+    assert model.decode_step_p95_s((100,)) == model.predict_s(TickShape((100,)))
