@@ -104,8 +104,8 @@ class PolicySpec:
     claims: dict[str, Expr | None]  # None: the policy honestly claims no bound
     kv_full: str = "recompute"
     # Milliseconds a tick may take (over parameters and `decode_step_ms`, the p95 of a decode
-    # step as measured on this machine now); the
-    # engine turns it into `budget_tokens` for each tick. None: no latency target.
+    # step as measured on this machine now); the engine turns it into `budget_tokens` for each
+    # tick. None: no latency target.
     tick_budget_ms: Expr | None = None
 
     def parameter(self, name: str) -> ParameterSpec:
