@@ -47,15 +47,6 @@ def _one(kind: str) -> frozenset[str]:
 
 
 NOT_YET: tuple[NotYet, ...] = (
-    NotYet(GENERATION, "min_p", 0),
-    NotYet(GENERATION, "presence_penalty", 0),
-    NotYet(GENERATION, "frequency_penalty", 0),
-    NotYet(GENERATION, "repetition_penalty", 1),
-    NotYet(GENERATION, "logit_bias", {}),
-    NotYet(_one(COMPLETION), "logprobs"),
-    NotYet(_one(CHAT), "logprobs", False),
-    NotYet(_one(CHAT), "top_logprobs", 0),
-    NotYet(_one(COMPLETION), "echo", False),
     NotYet(_one(COMPLETION), "suffix", ""),
     NotYet(_one(CHAT), "response_format", {"type": "text"}),
     NotYet(frozenset({CHAT, TOKENIZE}), "tools", []),

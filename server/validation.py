@@ -11,9 +11,10 @@
    the one context check) and the engine's `SamplingParams`.
 
 Nothing here touches the engine or imports MLX, so a bad request never reaches the engine.
-Defaults: greedy unless `temperature` is given, no stop strings; `max_tokens` 16 for
-completions (OpenAI's default) and `ModelLimits.default_chat_max_tokens` for chat, each cut to
-the room the prompt leaves in the context.
+Defaults: greedy unless `temperature` is given, no stop strings, no sampling control (min_p,
+penalties, logit_bias) and no log-probabilities unless asked; `max_tokens` 16 for completions
+(OpenAI's default) and `ModelLimits.default_chat_max_tokens` for chat, each cut to the room the
+prompt leaves in the context.
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ class PromptEncoder(Protocol):
 
 @dataclass(frozen=True)
 class ValidPrompt:
-    """One prompt of a request, tokenized, with the sampling parameters that fit its context."""
+    """One prompt of a request, tokenized, with the sampling parameters that fit its context;
+    `text`: the prompt as sent when it was a string (what `echo` returns)."""
 
     tokens: tuple[int, ...]
     sampling: SamplingParams
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class ValidRequest:
     include_usage: bool
     ignored: tuple[str, ...] = ()
     cache_prompt: bool = True  # false: the request neither reuses nor leaves a cached prefix
+    echo: bool = False  # completions: each choice's text starts with its prompt
 
     @property
     def prompt_tokens(self) -> tuple[int, ...]:
@@ -174,25 +178,39 @@ def validate_request(
     n = body.n or 1
     if isinstance(body, CompletionBody):
         prompts = read_prompts(body.prompt, encoder)
+        texts = _prompt_texts(body.prompt)
     else:
         prompts = [(encoder_chat(encoder, prompt_messages(body.messages)), "messages")]
+        texts = [None]
     if len(prompts) * n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} choices; at "
                       f"most {MAX_CHOICES} are allowed in one request", "n")
-    valid = tuple(_valid_prompt(tokens, param, body, limits) for tokens, param in prompts)
+    valid = tuple(_valid_prompt(tokens, param, body, limits, text)
+                  for (tokens, param), text in zip(prompts, texts, strict=True))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    echo = isinstance(body, CompletionBody) and bool(body.echo)
     return ValidRequest(kind, valid, n, bool(body.stream), include_usage,
-                        tuple(ignored_fields(body)), body.cache_prompt is not False)
+                        tuple(ignored_fields(body)), body.cache_prompt is not False, echo)
 
 
 def _valid_prompt(tokens: list[int], prompt_param: str, body: CompletionBody | ChatBody,
-                  limits: ModelLimits) -> ValidPrompt:
+                  limits: ModelLimits, text: str | None) -> ValidPrompt:
     """One prompt with the max_tokens its context leaves room for."""
     max_tokens = _fit_context(len(tokens), body, limits, prompt_param)
     if (body.min_tokens or 0) > max_tokens:
         raise invalid(f"`min_tokens` ({body.min_tokens}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
-    return ValidPrompt(tuple(tokens), _sampling(body, max_tokens, limits))
+    return ValidPrompt(tuple(tokens), _sampling(body, max_tokens, limits), text)
+
+
+def _prompt_texts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | None]:
+    """Each prompt of a completions `prompt` as sent, where it is a string (read_prompts'
+    order)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt[0], (str, list)):
+        return [p if isinstance(p, str) else None for p in prompt]
+    return [None]
 
 
 def _check_consistency(body: CompletionBody | ChatBody) -> None:
@@ -212,16 +230,46 @@ def _sampling(body: CompletionBody | ChatBody, max_tokens: int,
     """The engine's parameters from the fields it implements (server/unimplemented.py refused
     the others)."""
     top_k = body.top_k or 0
+    logprobs, prompt_logprobs = _logprobs(body)
     return SamplingParams(
         temperature=0.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=0 if top_k == -1 else min(top_k, limits.vocab_size),
+        min_p=0.0 if body.min_p is None else body.min_p,
+        presence_penalty=0.0 if body.presence_penalty is None else body.presence_penalty,
+        frequency_penalty=0.0 if body.frequency_penalty is None else body.frequency_penalty,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=_logit_bias(body.logit_bias or {}),
         seed=body.seed,
         max_tokens=max_tokens,
         min_tokens=body.min_tokens or 0,
         stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
         ignore_eos=bool(body.ignore_eos),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
+
+
+def _logit_bias(biases: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map (token id as digits -> bias; the model checked both) as (id, bias) pairs;
+    a 400 when two keys name one token ("7" and "007")."""
+    pairs: dict[int, tuple[str, float]] = {}
+    for key, bias in biases.items():
+        token = int(key)
+        if token in pairs:
+            raise invalid(f"`logit_bias` names token {token} twice (as {pairs[token][0]!r} and "
+                          f"{key!r}); give each token id once", "logit_bias")
+        pairs[token] = (key, float(bias))
+    return tuple((token, bias) for token, (_, bias) in pairs.items())
+
+
+def _logprobs(body: CompletionBody | ChatBody) -> tuple[int | None, int | None]:
+    """(alternatives reported per generated token, per prompt token); None: no
+    log-probabilities. Completions: `logprobs` N (0 to 5), the prompt's too with `echo`; chat:
+    `logprobs: true` with `top_logprobs` N (0 to 20)."""
+    if isinstance(body, CompletionBody):
+        return body.logprobs, body.logprobs if body.echo else None
+    return ((body.top_logprobs or 0) if body.logprobs else None), None
 
 
 def read_prompts(prompt: str | list[str] | list[int] | list[list[int]],
