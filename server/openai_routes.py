@@ -56,11 +56,11 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     header = fmt.make_header(kind, ctx.limits.name)
     log_ignored(header.request_id, valid.ignored)
+    logprobs = choice_logprobs(valid, ctx.encoder.tokenizer)  # each choice's formatter, if asked
     stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid))
     stream.submit("prompt" if kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
-    logprobs = choice_logprobs(valid, ctx.encoder.tokenizer)
     try:
         if valid.stream:
             await _relay_sse(request, stream, header, valid, logprobs)

@@ -8,7 +8,7 @@
 3. `_check_consistency`: fields that constrain each other.
 4. `refuse_unimplemented` (server/unimplemented.py): fields declared but not done yet.
 5. The served model: its name, the prompt's tokens, the context (`runtime.limits.fit_context`,
-   the one context check) and the engine's `SamplingParams`.
+   the one context check) and the engine's `SamplingParams` (server/sampling_fields.py).
 
 Nothing here touches the engine or imports MLX, so a bad request never reaches the engine.
 Defaults: greedy unless `temperature` is given, no stop strings, no sampling control (min_p,
@@ -31,6 +31,7 @@ from server.body_models import VOCAB, ChatBody, CompletionBody
 from server.body_reading import ignored_fields, read_body
 from server.errors import ApiError, invalid
 from server.messages import prompt_messages
+from server.sampling_fields import sampling_params
 from server.unimplemented import refuse_unimplemented
 
 Kind = Literal["completion", "chat"]
@@ -200,7 +201,7 @@ def _valid_prompt(tokens: list[int], prompt_param: str, body: CompletionBody | C
     if (body.min_tokens or 0) > max_tokens:
         raise invalid(f"`min_tokens` ({body.min_tokens}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
-    return ValidPrompt(tuple(tokens), _sampling(body, max_tokens, limits), text)
+    return ValidPrompt(tuple(tokens), sampling_params(body, max_tokens, limits.vocab_size), text)
 
 
 def _prompt_texts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | None]:
@@ -223,53 +224,6 @@ def _check_consistency(body: CompletionBody | ChatBody) -> None:
                           "best_of")
     elif body.top_logprobs and not body.logprobs:
         raise invalid("`top_logprobs` needs `logprobs` set to true", "top_logprobs")
-
-
-def _sampling(body: CompletionBody | ChatBody, max_tokens: int,
-              limits: ModelLimits) -> SamplingParams:
-    """The engine's parameters from the fields it implements (server/unimplemented.py refused
-    the others)."""
-    top_k = body.top_k or 0
-    logprobs, prompt_logprobs = _logprobs(body)
-    return SamplingParams(
-        temperature=0.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=0 if top_k == -1 else min(top_k, limits.vocab_size),
-        min_p=0.0 if body.min_p is None else body.min_p,
-        presence_penalty=0.0 if body.presence_penalty is None else body.presence_penalty,
-        frequency_penalty=0.0 if body.frequency_penalty is None else body.frequency_penalty,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-        logit_bias=_logit_bias(body.logit_bias or {}),
-        seed=body.seed,
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0,
-        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
-        ignore_eos=bool(body.ignore_eos),
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-    )
-
-
-def _logit_bias(biases: dict[str, float]) -> tuple[tuple[int, float], ...]:
-    """OpenAI's map (token id as digits -> bias; the model checked both) as (id, bias) pairs;
-    a 400 when two keys name one token ("7" and "007")."""
-    pairs: dict[int, tuple[str, float]] = {}
-    for key, bias in biases.items():
-        token = int(key)
-        if token in pairs:
-            raise invalid(f"`logit_bias` names token {token} twice (as {pairs[token][0]!r} and "
-                          f"{key!r}); give each token id once", "logit_bias")
-        pairs[token] = (key, float(bias))
-    return tuple((token, bias) for token, (_, bias) in pairs.items())
-
-
-def _logprobs(body: CompletionBody | ChatBody) -> tuple[int | None, int | None]:
-    """(alternatives reported per generated token, per prompt token); None: no
-    log-probabilities. Completions: `logprobs` N (0 to 5), the prompt's too with `echo`; chat:
-    `logprobs: true` with `top_logprobs` N (0 to 20)."""
-    if isinstance(body, CompletionBody):
-        return body.logprobs, body.logprobs if body.echo else None
-    return ((body.top_logprobs or 0) if body.logprobs else None), None
 
 
 def read_prompts(prompt: str | list[str] | list[int] | list[list[int]],
