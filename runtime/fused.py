@@ -34,11 +34,13 @@ _FUSABLE_BLOCK = (llama.TransformerBlock, qwen2.TransformerBlock)
 @dataclass(frozen=True)
 class Segment:
     """A block of tokens (shape (rows, length)) and its per-layer cache. With `logits`, the
-    forward returns the logits of its last position in every row."""
+    forward returns the logits of its last position in every row; with `all_logits` too, of
+    every position (a prompt whose tokens' log-probabilities are asked for)."""
 
     tokens: mx.array
     cache: list[Any]
     logits: bool
+    all_logits: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -61,8 +63,9 @@ def can_fuse(model: Any) -> bool:
 
 
 def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
-    """Logits (rows wanted, vocab) of every segment with `logits`, in segment order; None when
-    no segment wants any. Updates every segment's cache. `model` must pass `can_fuse`."""
+    """Logits (rows wanted, vocab) of every segment with `logits` (every position of one with
+    `all_logits`), in segment order; None when no segment wants any. Updates every segment's
+    cache. `model` must pass `can_fuse`."""
     inner = model.model
     h = inner.embed_tokens(mx.concatenate([s.tokens.reshape(-1) for s in segments]))
     # Masks as the model makes them: from each segment's shape and cache, before any update.
@@ -100,7 +103,9 @@ def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     logits = []
     for segment in segments:
         out = model(segment.tokens, cache=segment.cache)
-        if segment.logits:
+        if segment.all_logits:
+            logits.append(out.reshape(-1, out.shape[-1]))
+        elif segment.logits:
             logits.append(out[:, -1, :])
     return _concat(logits) if logits else None
 
@@ -180,7 +185,8 @@ def _wanted_rows(segments: Sequence[Segment]) -> tuple[mx.array, mx.array] | Non
     for s in segments:
         num_rows, length = s.tokens.shape
         if s.logits:
-            ends = [r * length + length - 1 for r in range(num_rows)]
+            ends = list(range(s.num_tokens)) if s.all_logits else \
+                [r * length + length - 1 for r in range(num_rows)]
             everywhere += [start + e for e in ends]
             among_kept += [kept + e for e in ends]
             kept += s.num_tokens

@@ -5,8 +5,8 @@ ranges; `refuse_unimplemented` then answers a body that asks for one with anythi
 no-op value with a 400 `unsupported_parameter` naming it. What is refused: the fields of
 `NOT_YET`, a completions `best_of` other than `n`, and in chat messages content parts other
 than text and tool calls (`_unsupported_in_message`). To implement one: delete its row or clause
-here and read the field where the body becomes work (server/validation.py `_sampling` for a
-sampling control), with a test that it changes what is generated.
+here and read the field where the body becomes work (server/sampling_fields.py
+`sampling_params` for a sampling control), with a test that it changes what is generated.
 """
 
 from __future__ import annotations
@@ -47,15 +47,6 @@ def _one(kind: str) -> frozenset[str]:
 
 
 NOT_YET: tuple[NotYet, ...] = (
-    NotYet(GENERATION, "min_p", 0),
-    NotYet(GENERATION, "presence_penalty", 0),
-    NotYet(GENERATION, "frequency_penalty", 0),
-    NotYet(GENERATION, "repetition_penalty", 1),
-    NotYet(GENERATION, "logit_bias", {}),
-    NotYet(_one(COMPLETION), "logprobs"),
-    NotYet(_one(CHAT), "logprobs", False),
-    NotYet(_one(CHAT), "top_logprobs", 0),
-    NotYet(_one(COMPLETION), "echo", False),
     NotYet(_one(COMPLETION), "suffix", ""),
     NotYet(_one(CHAT), "response_format", {"type": "text"}),
     NotYet(frozenset({CHAT, TOKENIZE}), "tools", []),
