@@ -1,53 +1,29 @@
-"""TTFT of a chat's second turn with a long shared prefix: served from the prefix cache, and
+"""TTFT of a repeated long prompt and of a chat's second turn: served from the prefix cache, and
 cold (the same request with `"cache_prompt": false`), side by side in one run against a real
 `fairtick serve` at its default flags.
 
     python scripts/bench_prefix_chat.py --prefix-tokens 4000 --rounds 5
 
 Each round: turn 1 (a system prompt of `--prefix-tokens` characters, one token each on the
-built-in model, and a question), then turn 2 (turn 1, its answer and a new question) twice:
-cached, then cold. Prints every TTFT, their p50 / p95 / p99 / worst, and cold / cached.
+built-in model, and a question); turn 1 again (the repeated prompt: all but its last token
+cached); then turn 2 (turn 1, its answer and a new question) twice: cached, then cold. Prints
+every TTFT, their p50 / p95 / p99 / worst, and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchlib.chat import load_average, make_text, summary, timed_chat  # noqa: E402
 from benchlib.serve import start_server, stop_server  # noqa: E402
 from openai import OpenAI  # noqa: E402
-
-
-def ttft(client: OpenAI, model: str, messages: list[dict[str, str]], max_tokens: int,
-         cache: bool) -> tuple[float, str, int]:
-    """Seconds to the first content token, the whole answer, and the cached prompt tokens."""
-    start, first, text, cached = time.perf_counter(), None, "", -1
-    stream = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"cache_prompt": cache})
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first or time.perf_counter()
-            text += chunk.choices[0].delta.content
-        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
-    assert first is not None, "no token came"
-    return first - start, text, cached
-
-
-def _summary(samples: list[float]) -> str:
-    q = statistics.quantiles(samples, n=100, method="inclusive") if len(samples) > 1 \
-        else samples * 99
-    return (f"p50 {q[49]:.3f} s  p95 {q[94]:.3f} s  p99 {q[98]:.3f} s  "
-            f"worst {max(samples):.3f} s")
 
 
 def main() -> None:
@@ -57,33 +33,48 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     log = Path(tempfile.mkdtemp()) / "serve.log"
+    print(f"load average before: {load_average()}", flush=True)
     server = start_server([], log)
     try:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
                         timeout=600)
         model = client.models.list().data[0].id
-        cached_s, cold_s, rows = [], [], []
+        first_s, again_s, cached_s, cold_s = [], [], [], []
         for r in range(args.rounds):
-            rng = random.Random(r)
-            system = "".join(chr(rng.randrange(32, 127)) for _ in range(args.prefix_tokens))
-            turn1 = [{"role": "system", "content": system},
+            turn1 = [{"role": "system", "content": make_text(args.prefix_tokens, r)},
                      {"role": "user", "content": "What comes first?"}]
-            first_s, answer, _ = ttft(client, model, turn1, args.max_tokens, cache=True)
-            turn2 = turn1 + [{"role": "assistant", "content": answer},
+            first = timed_chat(client, model, turn1, args.max_tokens, cache=True)
+            again = timed_chat(client, model, turn1, args.max_tokens, cache=True)
+            turn2 = turn1 + [{"role": "assistant", "content": first.text},
                              {"role": "user", "content": "And then?"}]
-            hit_s, hit_text, hit_tokens = ttft(client, model, turn2, args.max_tokens, cache=True)
-            cold, cold_text, cold_tokens = ttft(client, model, turn2, args.max_tokens, cache=False)
-            assert hit_text == cold_text, "greedy output must not depend on the cache"
-            cached_s.append(hit_s)
-            cold_s.append(cold)
-            rows.append({"round": r, "turn1_ttft_s": round(first_s, 3),
-                         "turn2_cached_ttft_s": round(hit_s, 3), "cached_tokens": hit_tokens,
-                         "turn2_cold_ttft_s": round(cold, 3), "cold_cached_tokens": cold_tokens})
-            print(json.dumps(rows[-1]), flush=True)
-        print(f"turn 2 cached: {_summary(cached_s)}")
-        print(f"turn 2 cold:   {_summary(cold_s)}")
+            hit = timed_chat(client, model, turn2, args.max_tokens, cache=True)
+            cold = timed_chat(client, model, turn2, args.max_tokens, cache=False)
+            assert again.text == first.text, "greedy output must not depend on the cache"
+            assert hit.text == cold.text, "greedy output must not depend on the cache"
+            for samples, timing in ((first_s, first), (again_s, again), (cached_s, hit),
+                                    (cold_s, cold)):
+                samples.append(timing.ttft_s)
+            print(json.dumps({
+                "round": r, "turn1_ttft_s": round(first.ttft_s, 3),
+                "turn1_prompt_tokens": first.prompt_tokens,
+                "turn1_again_ttft_s": round(again.ttft_s, 3),
+                "turn1_again_cached_tokens": again.cached_tokens,
+                "turn2_prompt_tokens": hit.prompt_tokens,
+                "turn2_cached_ttft_s": round(hit.ttft_s, 3), "cached_tokens": hit.cached_tokens,
+                "turn2_cold_ttft_s": round(cold.ttft_s, 3),
+                "cold_cached_tokens": cold.cached_tokens, "load_average": load_average()}),
+                flush=True)
+        print(f"turn 1 (first):      {summary(first_s)}")
+        print(f"turn 1 again:        {summary(again_s)}")
+        print(f"turn 2 cached:       {summary(cached_s)}")
+        print(f"turn 2 cold:         {summary(cold_s)}")
+        ratio = statistics.median(again_s) / statistics.median(first_s)
+        print(f"repeated prompt, second / first TTFT (p50): {ratio:.3f} "
+              f"(max of the per-round ratios: "
+              f"{max(a / f for a, f in zip(again_s, first_s, strict=True)):.3f})")
         ratio = statistics.median(cold_s) / statistics.median(cached_s)
-        print(f"cold / cached TTFT (p50): {ratio:.1f}x")
+        print(f"turn 2, cold / cached TTFT (p50): {ratio:.1f}x")
+        print(f"load average after: {load_average()}")
     finally:
         stop_server(server)
 

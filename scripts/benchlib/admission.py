@@ -13,6 +13,13 @@ work-conserving limit is what no policy can beat while holding the streams to th
 (TARGET_P99_OVER_OWN times their own p95): decode needs the share d / target of the machine,
 d the streams' own median step, so the prompt gets at most the rest and its TTFT is at least
 TTFT alone / (1 - d / target).
+
+With `shared_prefix_tokens` S > 0 (the prefix cache's case: an agent's system prompt), the
+streams' prompts, the prompt alone and the admitted prompt all begin with the same S-token
+system prompt, which the warm-up sends first, and every request may use the prefix cache
+(`"cache_prompt": true`; without S they all opt out, so that no prompt is served from another's
+KV). The prompts differ after the system prompt, so each is served S tokens from the cache on a
+server whose cache is on, and prefills them all on one started with `--no-prefix-cache`.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class AdmissionConfig:
     min_quiet_gaps: int = 5
     timeout_s: float = 900.0
     seed: int = 0
+    shared_prefix_tokens: int = 0  # a system prompt every request begins with (0: none)
 
     def __post_init__(self) -> None:
         checks = {"streams": self.streams >= 1, "stream_tokens": self.stream_tokens >= 2,
@@ -61,10 +69,30 @@ class AdmissionConfig:
                   "alone": self.alone in ("first", "last", "skip"),
                   "tail_tokens": self.tail_tokens >= 1, "timeout_s": self.timeout_s > 0,
                   "start_timeout_s": self.start_timeout_s > 0,
-                  "min_quiet_gaps": self.min_quiet_gaps >= 1}
+                  "min_quiet_gaps": self.min_quiet_gaps >= 1,
+                  "shared_prefix_tokens":
+                      0 <= self.shared_prefix_tokens < self.prompt_tokens - 1}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+
+    @property
+    def cache_prompt(self) -> bool:
+        """Whether requests may use the prefix cache: only when they share a system prompt."""
+        return self.shared_prefix_tokens > 0
+
+    @property
+    def system_prompt(self) -> str:
+        """The text every request begins with ("" without a shared prefix)."""
+        return _text(self.shared_prefix_tokens, "system") if self.cache_prompt else ""
+
+    def prompt(self, which: str, seed: int) -> str:
+        """The long prompt (`which`: "alone" or "admitted"): `prompt_tokens` tokens with BOS,
+        after the system prompt if there is one."""
+        if not self.cache_prompt:
+            return make_prompt(self.prompt_tokens, seed)
+        return self.system_prompt + _text(self.prompt_tokens - 1 - self.shared_prefix_tokens,
+                                          f"{which}-{seed}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +105,8 @@ class AdmissionResult:
     chunk_tokens: int
     streams: int
     prompt_tokens: int
+    prompt_cached_tokens: int  # of the admitted prompt, served from the prefix cache
+    shared_prefix_tokens: int
     ttft_s: float
     ttft_alone_s: float
     ttft_ratio: float
@@ -101,9 +131,13 @@ class AdmissionResult:
 
 def make_prompt(num_tokens: int, seed: int) -> str:
     """Printable text of about num_tokens tokens (one per byte, plus BOS)."""
+    return _text(num_tokens - 1, seed)
+
+
+def _text(num_chars: int, seed: int | str) -> str:
     rng = random.Random(seed)
     alphabet = string.ascii_letters + string.digits + " "
-    return "".join(rng.choice(alphabet) for _ in range(num_tokens - 1))
+    return "".join(rng.choice(alphabet) for _ in range(num_chars))
 
 
 def run_admission(cfg: AdmissionConfig) -> AdmissionResult:
@@ -118,7 +152,7 @@ def run_admission(cfg: AdmissionConfig) -> AdmissionResult:
     if missing:
         raise NotComparable(f"missing counters in /metrics: {', '.join(missing)}")
     wait_idle(cfg.url, timeout_s=60)
-    _complete(cfg, "warm-up", "warm up", 2, deadline)
+    _complete(cfg, "warm-up", cfg.system_prompt + "warm up", 2, deadline)
     alone_s = cfg.ttft_alone_s
     if alone_s is None and cfg.alone == "first":
         alone_s = _measure_alone(cfg, deadline)
@@ -138,15 +172,15 @@ def _remaining(deadline: float) -> float:
 
 def _complete(cfg: AdmissionConfig, what: str, prompt: str, max_tokens: int,
               deadline: float) -> TimedStream:
-    stream = TimedStream(cfg.url, prompt, max_tokens, _remaining(deadline)).start()
+    stream = TimedStream(cfg.url, prompt, max_tokens, _remaining(deadline),
+                         cache_prompt=cfg.cache_prompt).start()
     if not stream.join(_remaining(deadline)) or stream.error or not stream.done:
         raise NotComparable(f"the {what} request failed: {stream.error or 'timed out'}")
     return stream
 
 
 def _measure_alone(cfg: AdmissionConfig, deadline: float) -> float:
-    stream = _complete(cfg, "prompt-alone", make_prompt(cfg.prompt_tokens, cfg.seed + 1), 1,
-                       deadline)
+    stream = _complete(cfg, "prompt-alone", cfg.prompt("alone", cfg.seed + 1), 1, deadline)
     assert stream.ttft_s is not None
     return stream.ttft_s
 
@@ -166,7 +200,8 @@ class _Run:
 
 
 def _contend(cfg: AdmissionConfig, deadline: float) -> _Run:
-    streams = [TimedStream(cfg.url, f"stream {i}: ", cfg.stream_tokens, _remaining(deadline))
+    streams = [TimedStream(cfg.url, f"{cfg.system_prompt}stream {i}: ", cfg.stream_tokens,
+                           _remaining(deadline), cache_prompt=cfg.cache_prompt)
                for i in range(cfg.streams)]
     try:
         return _admit_into(cfg, streams, deadline)
@@ -193,8 +228,8 @@ def _admit_into(cfg: AdmissionConfig, streams: list[TimedStream], deadline: floa
                             f"{cfg.streams} decoding streams (other traffic, or streams too "
                             f"short: raise --stream-tokens)")
     at_admit = get_metrics(cfg.url)
-    prompt = TimedStream(cfg.url, make_prompt(cfg.prompt_tokens, cfg.seed), 1,
-                         _remaining(deadline)).start()
+    prompt = TimedStream(cfg.url, cfg.prompt("admitted", cfg.seed), 1, _remaining(deadline),
+                         cache_prompt=cfg.cache_prompt).start()
     prompt.first_token.wait(_remaining(deadline))
     if not prompt.times_s or prompt.sent_s is None:
         raise NotComparable(f"the admitted prompt failed: {prompt.error or 'timed out'}")
@@ -254,7 +289,8 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
     return AdmissionResult(
         policy=state["policy"], params=state["params"], max_running=state["max_running"],
         chunk_tokens=state["prefill_chunk_size"], streams=cfg.streams,
-        prompt_tokens=cfg.prompt_tokens, ttft_s=ttft_s, ttft_alone_s=alone_s,
+        prompt_tokens=cfg.prompt_tokens, prompt_cached_tokens=facts.prompt_cached_tokens,
+        shared_prefix_tokens=cfg.shared_prefix_tokens, ttft_s=ttft_s, ttft_alone_s=alone_s,
         ttft_ratio=ratio(ttft_s, alone_s), quiet=[GapStats.of(g) for g in quiet],
         admission=[GapStats.of(g) for g in admission], quiet_pooled=quiet_pooled,
         admission_pooled=admission_pooled, post_pooled=post_pooled,

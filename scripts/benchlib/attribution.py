@@ -51,6 +51,7 @@ class Facts:
     contended_chunks: int  # prompt chunks done while some stream was still live
     grants_by_rule: dict[str, int]
     notes: list[str]
+    prompt_cached_tokens: int = 0  # its arrival's tokens served from the prefix cache
 
 
 def check_attribution(cfg: Any, run: Any, quiet: list[list[float]],
@@ -112,8 +113,10 @@ def _trace_facts(run: Any) -> Facts:
     chunk_ticks = [e["tick"] for e in events
                    if e["seq"] == prompt_seq and e["trigger"] == "chunk_done"]
     grants = Counter(e["rule"] for e in events if e["trigger"] == "grant")
+    cached = [e.get("cached_tokens", 0) for e in events
+              if e["seq"] == prompt_seq and e.get("kind") == "arrival"]
     return Facts(len(chunk_ticks), sum(1 for t in chunk_ticks if t <= last_end), dict(grants),
-                 [])
+                 [], cached[0] if cached else 0)
 
 
 def _check_policy(delta: dict[str, float], facts: Facts, rules: PolicyRules | None,

@@ -120,13 +120,14 @@ class TimedStream:
     """One streamed /v1/completions request on its own thread, recording when each token
     arrives. `stop_after(t, n)` closes it (the server aborts it) once it has n tokens after t."""
 
-    def __init__(self, url: str, prompt: str, max_tokens: int, timeout_s: float) -> None:
+    def __init__(self, url: str, prompt: str, max_tokens: int, timeout_s: float,
+                 cache_prompt: bool = False) -> None:
         self.url, self.timeout_s = url, timeout_s
-        # cache_prompt false: a prompt sent alone and then again in the scenario is prefilled
-        # both times (fairtick's prefix cache would serve the second from the first; other
-        # servers ignore the field).
+        # cache_prompt false unless asked: a prompt sent alone and then again in the scenario
+        # is prefilled both times (fairtick's prefix cache would serve the second from the
+        # first; other servers ignore the field).
         self.body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                                "temperature": 0, "cache_prompt": False})
+                                "temperature": 0, "cache_prompt": cache_prompt})
         self.max_tokens = max_tokens
         self.sent_s: float | None = None
         self.times_s: list[float] = []

@@ -41,6 +41,10 @@ def add_admission_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, metavar="S",
                    help=f"bound on one whole run ({d.timeout_s:.0f})")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the prompt text")
+    p.add_argument("--shared-prefix-tokens", type=int, default=d.shared_prefix_tokens,
+                   metavar="N", help="a system prompt of N tokens that the streams' prompts and "
+                   "the long prompt all begin with, sent first by the warm-up; requests may "
+                   "then use the prefix cache (0: none, and every request opts out of it)")
 
 
 def config_from_args(args: argparse.Namespace, url: str) -> AdmissionConfig:
@@ -50,4 +54,5 @@ def config_from_args(args: argparse.Namespace, url: str) -> AdmissionConfig:
         prompt_tokens=args.prompt_tokens, settle_s=args.settle_s, post_s=args.post_s,
         alone=args.alone, ttft_alone_s=args.ttft_alone_s, tail_tokens=args.tail_tokens,
         start_timeout_s=args.start_timeout_s,
-        min_quiet_gaps=args.min_quiet_gaps, timeout_s=args.timeout_s, seed=args.seed)
+        min_quiet_gaps=args.min_quiet_gaps, timeout_s=args.timeout_s, seed=args.seed,
+        shared_prefix_tokens=args.shared_prefix_tokens)

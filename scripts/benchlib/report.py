@@ -38,8 +38,10 @@ def format_run(r: AdmissionResult) -> str:
     """One run as markdown tables."""
     params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "defaults"
     q, a, post = r.quiet_pooled, r.admission_pooled, r.post_pooled
+    shared = f", {r.shared_prefix_tokens} of them a shared system prompt, " \
+        f"{r.prompt_cached_tokens} served from the prefix cache" if r.shared_prefix_tokens else ""
     lines = [f"policy {r.policy} ({params}); {r.streams} streams; prompt {r.prompt_tokens} "
-             f"tokens; chunk {r.chunk_tokens}; {r.max_running} running", "",
+             f"tokens{shared}; chunk {r.chunk_tokens}; {r.max_running} running", "",
              "| metric | value |", "|---|---|",
              f"| TTFT admitted | {_num(r.ttft_s)} s |",
              f"| TTFT alone (idle server) | {_num(r.ttft_alone_s)} s |",
@@ -91,6 +93,7 @@ COLUMNS: list[tuple[str, Callable[[AdmissionResult], float]]] = [
     ("max / own", lambda r: r.max_over_own),
     ("WC limit", lambda r: r.work_conserving_limit),
     ("quiet tokens/s", lambda r: r.quiet_tokens_per_s),
+    ("prompt cached tokens", lambda r: r.prompt_cached_tokens),
 ]
 
 

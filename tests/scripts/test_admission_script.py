@@ -51,6 +51,22 @@ def test_json_reports_counters_that_fit_the_policy(mixed_server):
     assert report["max_over_own"] >= report["p99_over_own"] > 0
     assert abs(report["max_over_own"] * own - adm["max_ms"]) < 1e-6 * adm["max_ms"]
     assert report["work_conserving_limit"] >= 1
+    assert report["prompt_cached_tokens"] == 0, "without a shared prefix no request uses the cache"
+
+
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(mixed_server):
+    done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL, "--streams", "2",
+                      "--shared-prefix-tokens", "64", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["shared_prefix_tokens"] == 64
+    # BOS and the system prompt, which the warm-up left in the cache, at least.
+    assert 64 + 1 <= report["prompt_cached_tokens"] < report["prompt_tokens"]
+
+
+def test_a_shared_prefix_must_leave_room_for_the_prompt(mixed_server):
+    done = run_script(SCRIPT, "--url", mixed_server.url, *SMALL, "--shared-prefix-tokens", "199")
+    assert done.returncode == 2 and "shared_prefix_tokens: invalid value 199" in done.stderr
 
 
 def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
