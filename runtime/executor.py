@@ -11,12 +11,17 @@ batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads
 tokens. The next tick takes the queued tokens if it steps the same batch (less released
 sequences), with or without prompt slices; any other batch undoes the queued step (caches
 trimmed by one token, PRNG keys rewound).
+
+A sequence with a grammar (structured output, runtime/grammar.py) has its own matcher: each row
+it samples is masked by the matcher's next-token mask right before the sampler draws
+(`_masked`), the drawn token is checked before the tick commits and advances the matcher at
+commit. No step is queued ahead while a row is constrained: its next mask needs this token.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
+from runtime.grammar import Grammar, GrammarMatcher, apply_masks
 from runtime.limits import check_context
 from runtime.model import ModelBundle
 from runtime.prefix_cache import CachedPrefix, attach, can_cache
@@ -56,10 +62,10 @@ class Slice:
 
 class _Sequence:
     __slots__ = ("seq_id", "prompt", "tokens", "num_prefilled", "num_cached", "sampler", "cache",
-                 "generated", "forks", "first_logits")
+                 "generated", "forks", "first_logits", "matcher")
 
     def __init__(self, seq_id: int, prompt: list[int], sampler: SequenceSampler,
-                 cache: list[Any]) -> None:
+                 cache: list[Any], matcher: GrammarMatcher | None = None) -> None:
         self.seq_id = seq_id
         self.prompt = prompt
         self.tokens = prompt  # what prefill runs: the prompt, or after `evict` prompt + output
@@ -70,6 +76,7 @@ class _Sequence:
         self.generated: list[int] = []  # the latest is not in the cache yet
         self.forks = False  # keep the logits its prompt ends with, for `fork`
         self.first_logits: mx.array | None = None
+        self.matcher = matcher  # where the output is in its grammar (None: unconstrained)
 
     @property
     def can_decode(self) -> bool:
@@ -96,10 +103,12 @@ class Executor:
         self._batch = DecodeBatch(self._seqs)
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams,
-            prefix: CachedPrefix | None = None, forks: bool = False) -> None:
+            prefix: CachedPrefix | None = None, forks: bool = False,
+            grammar: Grammar | None = None) -> None:
         """Register a sequence; its prompt runs through `run`'s prefill slices, after the
         `prefix` of it found in the prefix cache (at most all its tokens but the last). With
-        `forks`, the logits its prompt ends with are kept for `fork` (a request with `n` > 1)."""
+        `forks`, the logits its prompt ends with are kept for `fork` (a request with `n` > 1).
+        With a `grammar`, every token it samples is masked by it (runtime/grammar.py)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
@@ -108,7 +117,8 @@ class Executor:
                       self.bundle.context_length)
         sampler = SequenceSampler(sampling, self.bundle.eos_token_ids)
         cache = make_prompt_cache(self.model)
-        seq = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
+        matcher = grammar.new_matcher() if grammar is not None else None
+        seq = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache, matcher)
         seq.forks = forks
         if prefix is not None:
             self._start_from(seq, prefix)
@@ -129,6 +139,14 @@ class Executor:
     def num_cached(self, seq_id: int) -> int:
         """Tokens of the sequence in its KV cache: the context its next forward attends to."""
         return self._get(seq_id).num_cached
+
+    def is_constrained(self, seq_id: int) -> bool:
+        """Whether the sequence's tokens are masked by a grammar."""
+        return self._get(seq_id).matcher is not None
+
+    def num_constrained_decoding(self) -> int:
+        """Sequences that have finished their prompt (may decode) and carry a grammar."""
+        return sum(1 for s in self._seqs.values() if s.can_decode and s.matcher is not None)
 
     def decode_contexts(self) -> list[int]:
         """`num_cached` of every sequence that has finished its prompt (may decode)."""
@@ -165,14 +183,19 @@ class Executor:
             mx.eval(firsts, [[c.state for c in seq.cache or ()] for seq, _ in slices],
                     [seq.first_logits for seq, _ in slices if seq.first_logits is not None])
             decoded = tokens.tolist() if tokens is not None else []
-        return self._commit(batch, decoded, slices, [int(t.item()) for t in firsts])
+            ended = [int(t.item()) for t in firsts]
+            ending = [seq for seq, n in slices if seq.num_prefilled + n == len(seq.tokens)]
+            _check_grammars(zip([*batch, *ending], [*decoded, *ended], strict=True))
+        return self._commit(batch, decoded, slices, ended)
 
     def fork(self, seq_id: int, children: Sequence[tuple[int, SamplingParams]]) -> dict[int, int]:
         """New sequences sharing the prompt of `seq_id` (added with `forks`), made right after
         the tick in which its prompt gave its first token: each starts on a copy of its KV
         cache (runtime/cache_fork.py: nothing is computed again) and draws its own first token,
-        with its own sampler, from the logits that prompt ended with. Returns each child's first
-        token. The kept logits are dropped: call it once, with no children if none are wanted."""
+        with its own sampler (and its own grammar matcher, at the start of the output, if the
+        prompt's sequence has one), from the logits that prompt ended with. Returns each child's
+        first token. The kept logits are dropped: call it once, with no children if none are
+        wanted."""
         parent = self._get(seq_id)
         logits, parent.first_logits, parent.forks = parent.first_logits, None, False
         if not children:
@@ -184,12 +207,17 @@ class Executor:
             if child_id in self._seqs or any(child_id == c.seq_id for c, _ in made):
                 raise ValueError(f"sequence {child_id} already exists")
             sampler = SequenceSampler(sampling.validate(), self.bundle.eos_token_ids)
-            child = _Sequence(child_id, parent.prompt, sampler, fork_cache(parent.cache))
+            matcher = parent.matcher.grammar.new_matcher() if parent.matcher else None
+            child = _Sequence(child_id, parent.prompt, sampler, fork_cache(parent.cache), matcher)
             child.num_prefilled, child.num_cached = len(child.tokens), parent.num_cached
-            made.append((child, sampler.sample(logits, 0)))
+            made.append((child, sampler.sample(_masked(logits, [child]), 0)))
         mx.eval([token for _, token in made])
-        for child, token in made:
-            child.generated.append(int(token.item()))
+        firsts = [int(token.item()) for _, token in made]
+        _check_grammars(zip([child for child, _ in made], firsts, strict=True))
+        for (child, _), token in zip(made, firsts, strict=True):
+            if child.matcher is not None:
+                child.matcher.consume(token)
+            child.generated.append(token)
             self._seqs[child.seq_id] = child
         return {child.seq_id: child.generated[0] for child, _ in made}
 
@@ -311,7 +339,8 @@ class Executor:
                 assert logits is not None
                 if seq.forks and not seq.generated:
                     seq.first_logits = logits[row: row + 1]
-                firsts.append(seq.sampler.sample(logits[row: row + 1], len(seq.generated)))
+                firsts.append(seq.sampler.sample(_masked(logits[row: row + 1], [seq]),
+                                                 len(seq.generated)))
                 row += 1
         return tokens, firsts
 
@@ -321,11 +350,15 @@ class Executor:
         # what was returned.
         assert logits is not None
         steps = [len(s.generated) + ahead for s in batch]
-        return sample_batch(logits[: len(batch)], [s.sampler for s in batch], steps)
+        return sample_batch(_masked(logits[: len(batch)], batch), [s.sampler for s in batch],
+                            steps)
 
     def _can_run_ahead(self, batch: list[_Sequence]) -> bool:
         # Not while a sequence outside the batch may need the next tick (its work would queue
-        # behind this step), nor past every max_tokens.
+        # behind this step), nor past every max_tokens, nor with a grammar (its next mask needs
+        # this step's token).
+        if any(s.matcher is not None for s in batch):
+            return False
         return len(batch) == len(self._seqs) and any(
             len(s.generated) + 1 < s.sampler.params.max_tokens for s in batch
         )
@@ -352,6 +385,8 @@ class Executor:
                 slices: list[tuple[_Sequence, int]], firsts: list[int]) -> dict[int, int]:
         out: dict[int, int] = {}
         for seq, token in zip(batch, decoded, strict=True):
+            if seq.matcher is not None:
+                seq.matcher.consume(token)
             seq.generated.append(token)
             seq.num_cached += 1
             out[seq.seq_id] = token
@@ -361,5 +396,22 @@ class Executor:
             seq.num_cached += num_tokens
             if seq.can_decode:
                 seq.generated.append(next(ended))
+                if seq.matcher is not None:
+                    seq.matcher.consume(seq.generated[-1])
                 out[seq.seq_id] = seq.generated[-1]
         return out
+
+
+def _masked(logits: mx.array, seqs: Sequence[_Sequence]) -> mx.array:
+    # The one place a grammar touches sampling: row i of `logits` (seqs[i]'s) gets its
+    # matcher's mask as the sampler receives it: before top-k/top-p, so those choose among the
+    # tokens the grammar allows (truncating first could leave none), and with EOS blocking
+    # and any other -inf it commutes.
+    return apply_masks(logits, [s.matcher for s in seqs])
+
+
+def _check_grammars(pairs: Iterable[tuple[_Sequence, int]]) -> None:
+    # Before anything is committed: a token a grammar refuses fails the tick, which is undone.
+    for seq, token in pairs:
+        if seq.matcher is not None:
+            seq.matcher.check_token(token)
