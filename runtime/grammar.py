@@ -15,35 +15,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import llguidance
 import llguidance.numpy as llg_numpy
 import mlx.core as mx
 import numpy as np
 
-# No free whitespace (a model may spend every token on it), OpenAI's and json.dumps' separators.
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-MAX_SCHEMA_CHARS = 256 * 1024
+# Re-exported: what a grammar is compiled from lives apart, importable without MLX.
+from runtime.formats import JSON_STYLE, GrammarError, ResponseFormat
+from runtime.limits import MAX_SCHEMA_CHARS
 
-FormatKind = Literal["json_object", "json_schema"]
-
-
-class GrammarError(ValueError):
-    """A schema or grammar the grammar engine cannot enforce; `param` names the request field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-@dataclass(frozen=True)
-class ResponseFormat:
-    """What the output must be: any JSON object, or JSON valid against `schema`."""
-
-    kind: FormatKind
-    schema: dict[str, Any] | None = None
-    name: str | None = None
+__all__ = ["JSON_STYLE", "Grammar", "GrammarCompiler", "GrammarError", "GrammarMatcher",
+           "ResponseFormat", "apply_masks", "make_grammar_compiler", "unpack_bitmask"]
 
 
 @dataclass(frozen=True)
