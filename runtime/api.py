@@ -59,9 +59,23 @@ def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability and the `top` most likely tokens at its position, most likely
+    first, as (token id, log-probability) pairs: the model's own distribution
+    (runtime/logprobs.py)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """A generated token (text may be empty while a multi-byte character is incomplete), or the
-    end of the request when `finish_reason` is set; `error` says why when it is "error"."""
+    end of the request when `finish_reason` is set; `error` says why when it is "error".
+    `logprob`: the token's log-probabilities when `sampling.logprobs` asked for them;
+    `prompt_logprobs`: with the first token, prompt tokens 1, 2, ...'s when
+    `sampling.prompt_logprobs` asked for them."""
 
     request_id: str
     token_id: int | None
@@ -72,6 +86,8 @@ class TokenEvent:
     num_generated_tokens: int = 0  # by this choice
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     index: int = 0  # the choice (0 to n - 1)
+    logprob: TokenLogprob | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 Sink = Callable[[TokenEvent], None]

@@ -4,16 +4,17 @@ A tick is one forward over decode rows and prefill slices (runtime/fused.py), th
 publishing. Its time is modelled as a sum of non-negative costs, each tied to one kind of work:
 
     fixed + per_slice * slices + per_row * rows + per_token * slice_tokens
-          + per_row_context * rows * row_context + per_attended * sum(t * (c + (t + 1) / 2))
+          + per_row_key * row_keys + per_attended * sum(t * (c + (t + 1) / 2))
           + per_constrained_row * constrained_rows
 
 where a decode row costs its share of the projections and MLP plus its sampling and publishing,
-a slice token only its share of the projections and MLP, `row_context` is the decode batch's
-padded context (each row attends that many keys), and a slice of t tokens at context c attends
-c + 1 .. c + t keys per token; a constrained row (one a grammar masks: runtime/grammar.py) adds
-the mask's computation and application. The coefficients are refitted by non-negative least squares,
-weighted for relative error, over the most recent ticks with slices and without (kept apart,
-so a long run of decode-only ticks does not push the slice ticks out).
+a slice token only its share of the projections and MLP, `row_keys` is the (row, key) pairs the
+decode rows attend (in a padded batch each row as many keys as the longest; runtime/row_groups.py
+splits off rows far longer than the rest), a slice of t tokens at context c attends
+c + 1 .. c + t keys per token, and a constrained row (one a grammar masks: runtime/grammar.py)
+adds the mask's computation and application. The coefficients are refitted by non-negative
+least squares, weighted for relative error, over the most recent ticks with slices and without
+(kept apart, so a long run of decode-only ticks does not push the slice ticks out).
 
 The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
 measured/predicted over the recent ticks with slices (under the current fit), stays within it:
@@ -30,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from runtime.row_groups import attended_pairs
 
 _REFIT_EVERY = 4  # ticks between least-squares fits (a fit takes ~0.5 ms)
 _REFIT_EVERY_DECODE_ONLY = 32  # while decode-only ticks come within _CLOSE of the prediction
@@ -62,10 +65,10 @@ class TickShape:
 
     def features(self) -> np.ndarray:
         rows = len(self.decode_contexts)
-        row_context = rows * (max(self.decode_contexts) + 1) if rows else 0
+        row_keys = attended_pairs([c + 1 for c in self.decode_contexts])
         attended = sum(s.num_tokens * (s.context + (s.num_tokens + 1) / 2) for s in self.slices)
         tokens = sum(s.num_tokens for s in self.slices)
-        return np.array([1.0, len(self.slices), rows, tokens, row_context, attended,
+        return np.array([1.0, len(self.slices), rows, tokens, row_keys, attended,
                          self.constrained_rows])
 
 

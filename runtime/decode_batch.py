@@ -2,60 +2,80 @@
 
 Sequences merge in when they first decode (left padded, with a mask, as mlx-lm's
 `BatchGenerator` does) and are filtered out when released or evicted; a sequence alive but not
-stepped (paused) is extracted back into its own `KVCache`. Joining and leaving cost one copy of
-the batch cache; a step with an unchanged batch costs none. The batch may hold one step queued
-ahead of what was returned (`ahead`), which `rewind` undoes.
+stepped (paused) is extracted back into its own `KVCache`. Each row's sampling state (PRNG key,
+token counts: runtime/row_sampling.py) moves with its cache row. Joining and leaving cost one
+copy of the batch cache; a step with an unchanged batch costs none. The batch may hold one step
+queued ahead of what was returned (`ahead`), which `rewind` undoes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from runtime.logprobs import Sampled
+from runtime.row_sampling import RowState, concat_states
 from runtime.sampling import SequenceSampler
 
 
 class Member(Protocol):
     """What the batch needs of a sequence: its own cache (None while in the batch), its
-    sampler."""
+    sampler (whose state is stale while in the batch)."""
 
     cache: list[Any] | None
     sampler: SequenceSampler
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A step queued on every row (caches advanced) that no tick has returned yet: what it
+    sampled, and the rows' sampling state before it."""
+
+    sampled: Sampled
+    before: RowState
+
+    def take(self, rows: list[int]) -> Queued:
+        return Queued(self.sampled.take(mx.array(rows)), self.before.take(rows))
+
+
 class DecodeBatch:
-    """Rows of the decoding sequences in `cache`; row i belongs to `ids[i]` (None: released or
-    evicted, dropped at the next `regroup`)."""
+    """Rows of the decoding sequences in `cache` and their sampling `state`; row i belongs to
+    `ids[i]` (None: released or evicted, dropped at the next `regroup`)."""
 
     def __init__(self, members: Mapping[int, Member]) -> None:
         self._members = members
         self.ids: list[int | None] = []
         self.cache: list[BatchKVCache] | None = None
-        # Tokens of a step already queued on every row (caches advanced) that no tick has
-        # returned yet; None when the batch is not ahead.
-        self.ahead: mx.array | None = None
+        self.state: RowState | None = None
+        self.ahead: Queued | None = None
 
     @property
     def live_ids(self) -> list[int]:
         return [i for i in self.ids if i is not None]
 
     def drop(self, seq_id: int) -> None:
-        """Forget the sequence's row (its cache is not wanted back)."""
+        """Forget the sequence's row; a sequence still alive (evicted) takes its sampling state
+        back (its cache is not wanted back)."""
         if seq_id in self.ids:
-            self.ids[self.ids.index(seq_id)] = None
+            row = self.ids.index(seq_id)
+            member = self._members.get(seq_id)
+            if member is not None and self.state is not None:
+                member.sampler.state = self.state.take([row])
+            self.ids[row] = None
             if all(i is None for i in self.ids):
-                self.ids, self.cache, self.ahead = [], None, None
+                self.ids, self.cache, self.state, self.ahead = [], None, None, None
 
     def rewind(self) -> None:
-        """Undo the queued step: its token leaves every row's cache, its PRNG split is undone."""
-        assert self.cache is not None
+        """Undo the queued step: its token leaves every row's cache, the rows' sampling state
+        goes back to before it."""
+        assert self.cache is not None and self.ahead is not None
         for c in self.cache:
             c.trim(1)
-        for seq_id in self.live_ids:
-            self._members[seq_id].sampler.rewind()
+        self.state = self.ahead.before
         self.ahead = None
 
     def regroup(self, ids: list[int]) -> None:
@@ -64,17 +84,20 @@ class DecodeBatch:
         wanted = set(ids)
         keep = [i for i, seq_id in enumerate(self.ids) if seq_id in wanted]
         if len(keep) < len(self.ids):
-            assert self.cache is not None
+            assert self.cache is not None and self.state is not None
             for i, seq_id in enumerate(self.ids):
                 if seq_id is not None and seq_id not in wanted:
-                    self._members[seq_id].cache = [c.extract(i) for c in self.cache]
+                    member = self._members[seq_id]
+                    member.cache = [c.extract(i) for c in self.cache]
+                    member.sampler.state = self.state.take([i])
             if keep:
                 for c in self.cache:
                     c.filter(keep)
+                self.state = self.state.take(keep)
                 if self.ahead is not None:
-                    self.ahead = self.ahead[mx.array(keep)]
+                    self.ahead = self.ahead.take(keep)
             else:
-                self.cache = None
+                self.cache, self.state = None, None
             self.ids = [self.ids[i] for i in keep]
         present = set(self.ids)
         joining = [seq_id for seq_id in ids if seq_id not in present]
@@ -82,11 +105,12 @@ class DecodeBatch:
             self._merge(joining)
 
     def _merge(self, joining: list[int]) -> None:
-        caches = []
+        caches, states = [], []
         for seq_id in joining:
             member = self._members[seq_id]
             assert member.cache is not None
             caches.append(member.cache)
+            states.append(member.sampler.state)
             member.cache = None
         merged = [BatchKVCache.merge(list(layer)) for layer in zip(*caches, strict=True)]
         if self.cache is None:
@@ -94,4 +118,5 @@ class DecodeBatch:
         else:
             for batch, new in zip(self.cache, merged, strict=True):
                 batch.extend(new)
+        self.state = concat_states(states if self.state is None else [self.state, *states])
         self.ids.extend(joining)

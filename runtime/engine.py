@@ -177,6 +177,7 @@ class Engine:
             raise ValueError(GRAMMAR_ENDS_OUTPUT)
         check_context(len(request.prompt_tokens), request.sampling.max_tokens,
                       self.bundle.context_length)
+        request.sampling.validate().check_vocabulary(self.bundle.vocab_size)
         problem = admissible(len(request.prompt_tokens), request.sampling.max_tokens,
                              self.kv.tokens)
         if problem is not None:
@@ -356,11 +357,13 @@ class Engine:
         return self._publish(tokens)
 
     def _publish(self, tokens: Mapping[int, int]) -> list[int]:
-        # Hand each sequence its token; the ones it finished.
+        # Hand each sequence its token (and its log-probabilities); the ones it finished.
+        logprobs, prompt_logprobs = self.executor.take_logprobs()
         now, finished = time.monotonic(), []
         for seq_id, token in tokens.items():
             try:
-                if self._live[seq_id].accept(token, now, self.metrics):
+                if self._live[seq_id].accept(token, now, self.metrics, logprobs.get(seq_id),
+                                             prompt_logprobs.get(seq_id)):
                     finished.append(seq_id)
             except Exception as exc:  # noqa: BLE001
                 self._fail(seq_id, exc)

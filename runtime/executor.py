@@ -10,18 +10,23 @@ Decode is pipelined the way mlx-lm's generation loop is: while every live sequen
 batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads this step's
 tokens. The next tick takes the queued tokens if it steps the same batch (less released
 sequences), with or without prompt slices; any other batch undoes the queued step (caches
-trimmed by one token, PRNG keys rewound).
+trimmed by one token, sampling states put back).
+
+Sampling runs per row inside the batched step (runtime/row_sampling.py); log-probabilities,
+when asked for, come with the tokens (`take_logprobs`), and a prompt whose tokens' own are asked
+for (echo) has its slices' logits computed at every position in the same forward.
 
 A sequence with a grammar (structured output, runtime/grammar.py) has its own matcher: each row
-it samples is masked by the matcher's next-token mask right before the sampler draws
-(`_masked`), the drawn token is checked before the tick commits and advances the matcher at
-commit. No step is queued ahead while a row is constrained: its next mask needs this token.
+it samples gets the matcher's next-token mask, which the sampler applies after the other
+controls and before the draw (`token_masks` handed to the sampler: the one place a grammar
+touches sampling); the drawn token is checked before the tick commits and advances the matcher
+at commit. No step is queued ahead while a row is constrained: its next mask needs this token.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,13 +35,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from runtime.cache_fork import fork_cache
-from runtime.decode_batch import DecodeBatch
+from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
-from runtime.grammar import Grammar, GrammarMatcher, apply_masks
+from runtime.grammar import Grammar, token_masks
 from runtime.limits import check_context
+from runtime.logprobs import Sampled, Token, TokenLogprob
 from runtime.model import ModelBundle
 from runtime.prefix_cache import CachedPrefix, attach, can_cache
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
+from runtime.seq_state import SeqState, SliceOutput
 
 log = logging.getLogger("fairtick.executor")
 
@@ -60,29 +67,6 @@ class Slice:
     num_tokens: int
 
 
-class _Sequence:
-    __slots__ = ("seq_id", "prompt", "tokens", "num_prefilled", "num_cached", "sampler", "cache",
-                 "generated", "forks", "first_logits", "matcher")
-
-    def __init__(self, seq_id: int, prompt: list[int], sampler: SequenceSampler,
-                 cache: list[Any], matcher: GrammarMatcher | None = None) -> None:
-        self.seq_id = seq_id
-        self.prompt = prompt
-        self.tokens = prompt  # what prefill runs: the prompt, or after `evict` prompt + output
-        self.num_prefilled = 0  # of `tokens`
-        self.num_cached = 0  # tokens whose keys and values are in the cache
-        self.sampler = sampler
-        self.cache: list[Any] | None = cache  # None while its rows live in the decode batch
-        self.generated: list[int] = []  # the latest is not in the cache yet
-        self.forks = False  # keep the logits its prompt ends with, for `fork`
-        self.first_logits: mx.array | None = None
-        self.matcher = matcher  # where the output is in its grammar (None: unconstrained)
-
-    @property
-    def can_decode(self) -> bool:
-        return self.num_prefilled == len(self.tokens)
-
-
 class Executor:
     """Owns the model's MLX state for every live sequence; runs what the scheduler decides.
 
@@ -99,7 +83,7 @@ class Executor:
         log.info("executor: %s", "one forward per tick" if self.fused else
                  f"one forward per prefill slice and decode batch ({type(self.model).__module__}"
                  " is not fused)")
-        self._seqs: dict[int, _Sequence] = {}
+        self._seqs: dict[int, SeqState] = {}
         self._batch = DecodeBatch(self._seqs)
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams,
@@ -115,11 +99,11 @@ class Executor:
             raise ValueError("prompt_tokens must hold at least one token")
         check_context(len(prompt_tokens), sampling.validate().max_tokens,
                       self.bundle.context_length)
-        sampler = SequenceSampler(sampling, self.bundle.eos_token_ids)
+        sampler = self._sampler(sampling, prompt_tokens)
         cache = make_prompt_cache(self.model)
-        matcher = grammar.new_matcher() if grammar is not None else None
-        seq = _Sequence(seq_id, [int(t) for t in prompt_tokens], sampler, cache, matcher)
+        seq = SeqState(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
         seq.forks = forks
+        seq.matcher = grammar.new_matcher() if grammar is not None else None
         if prefix is not None:
             self._start_from(seq, prefix)
         self._seqs[seq_id] = seq
@@ -169,55 +153,78 @@ class Executor:
         slices = self._check(prefills, decode)
         batch, ahead = self._batch_for(list(decode))
         segments = [] if ahead is not None or not batch else [self._decode_segment(batch)]
-        segments += [self._slice_segment(seq, n) for seq, n in slices]
+        segments += [seq.slice_segment(n) for seq, n in slices]
         touched = [s.cache for s in segments]
         if ahead is not None:
             assert self._batch.cache is not None
             touched.append(self._batch.cache)  # it holds the queued step a failure keeps
-        with self._undo_on_error(touched, batch + [seq for seq, _ in slices], ahead):
-            tokens, firsts = self._sample(batch, ahead, slices, segments)
-            if tokens is not None and not slices and self._can_run_ahead(batch):
-                logits = self._forward(self.model, [self._decode_segment(batch, tokens)])
-                self._batch.ahead = self._sample_rows(batch, logits, ahead=1)
-                mx.async_eval(self._batch.ahead)
-            mx.eval(firsts, [[c.state for c in seq.cache or ()] for seq, _ in slices],
+        with self._undo_on_error(touched, [seq for seq, _ in slices], ahead):
+            rows, outputs = self._sample(batch, ahead, slices, segments)
+            states = [seq.sampler.state for seq, _ in slices]
+            if batch:
+                assert self._batch.state is not None
+                states.append(self._batch.state)  # evaluated, so no graph chain grows
+            if rows is not None and not slices and self._can_run_ahead(batch):
+                self._queue_ahead(batch, rows)
+            mx.eval([o.arrays() for o in outputs.values()], [s.arrays() for s in states],
+                    [[c.state for c in seq.cache or ()] for seq, _ in slices],
                     [seq.first_logits for seq, _ in slices if seq.first_logits is not None])
-            decoded = tokens.tolist() if tokens is not None else []
-            ended = [int(t.item()) for t in firsts]
-            ending = [seq for seq, n in slices if seq.num_prefilled + n == len(seq.tokens)]
-            _check_grammars(zip([*batch, *ending], [*decoded, *ended], strict=True))
-        return self._commit(batch, decoded, slices, ended)
+            decoded = rows.to_host([s.sampler.params.logprobs for s in batch]) if rows else []
+            found = {seq_id: o.to_host(self._seqs[seq_id]) for seq_id, o in outputs.items()}
+            # A token a grammar refuses fails the tick, which is undone: nothing committed yet.
+            for seq, token in zip(batch, decoded, strict=True):
+                seq.check_token(token[0])
+            for seq_id, (first, _) in found.items():
+                if first is not None:
+                    self._seqs[seq_id].check_token(first[0])
+        return self._commit(batch, decoded, slices, found)
+
+    def take_logprobs(self) -> tuple[dict[int, TokenLogprob],
+                                     dict[int, tuple[TokenLogprob, ...]]]:
+        """The log-probabilities that came with the tokens `run` and `fork` returned since the
+        last call (sequences that asked for them): each token's, and each prompt's (with its
+        first token: prompt tokens 1, 2, ...; the first has none)."""
+        tokens, prompts = {}, {}
+        for seq in self._seqs.values():
+            if seq.sent_logprob is not None:
+                tokens[seq.seq_id], seq.sent_logprob = seq.sent_logprob, None
+            if seq.sent_prompt_logprobs is not None:
+                prompts[seq.seq_id], seq.sent_prompt_logprobs = seq.sent_prompt_logprobs, None
+        return tokens, prompts
 
     def fork(self, seq_id: int, children: Sequence[tuple[int, SamplingParams]]) -> dict[int, int]:
         """New sequences sharing the prompt of `seq_id` (added with `forks`), made right after
         the tick in which its prompt gave its first token: each starts on a copy of its KV
         cache (runtime/cache_fork.py: nothing is computed again) and draws its own first token,
-        with its own sampler (and its own grammar matcher, at the start of the output, if the
-        prompt's sequence has one), from the logits that prompt ended with. Returns each child's
-        first token. The kept logits are dropped: call it once, with no children if none are
-        wanted."""
+        with its own sampler (its own PRNG key, no tokens counted yet), from the logits that
+        prompt ended with (and its own grammar matcher, at the start of the output, if the
+        prompt's sequence has one), and has the prompt's log-probabilities if it asked for them.
+        Returns
+        each child's first token (its log-probabilities: `take_logprobs`). The kept logits are
+        dropped: call it once, with no children if none are wanted."""
         parent = self._get(seq_id)
         logits, parent.first_logits, parent.forks = parent.first_logits, None, False
         if not children:
             return {}
         if logits is None or parent.cache is None or len(parent.generated) != 1:
             raise ValueError(f"sequence {seq_id} has not just ended its prompt with `forks`")
-        made: list[tuple[_Sequence, mx.array]] = []
+        made: list[tuple[SeqState, Sampled]] = []
         for child_id, sampling in children:
             if child_id in self._seqs or any(child_id == c.seq_id for c, _ in made):
                 raise ValueError(f"sequence {child_id} already exists")
-            sampler = SequenceSampler(sampling.validate(), self.bundle.eos_token_ids)
-            matcher = parent.matcher.grammar.new_matcher() if parent.matcher else None
-            child = _Sequence(child_id, parent.prompt, sampler, fork_cache(parent.cache), matcher)
+            sampler = self._sampler(sampling.validate(), parent.prompt)
+            child = SeqState(child_id, parent.prompt, sampler, fork_cache(parent.cache))
             child.num_prefilled, child.num_cached = len(child.tokens), parent.num_cached
-            made.append((child, sampler.sample(_masked(logits, [child]), 0)))
-        mx.eval([token for _, token in made])
-        firsts = [int(token.item()) for _, token in made]
-        _check_grammars(zip([child for child, _ in made], firsts, strict=True))
-        for (child, _), token in zip(made, firsts, strict=True):
-            if child.matcher is not None:
-                child.matcher.consume(token)
-            child.generated.append(token)
+            # Its own matcher, at the start of the output (the parent's took its first token).
+            child.matcher = parent.matcher.grammar.new_matcher() if parent.matcher else None
+            made.append((child, sampler.sample(logits, 0, token_masks(logits, [child.matcher]))))
+        mx.eval([sampled.arrays() for _, sampled in made],
+                [child.sampler.state.arrays() for child, _ in made])
+        firsts = [sampled.to_host([child.sampler.params.logprobs])[0] for child, sampled in made]
+        for (child, _), first in zip(made, firsts, strict=True):
+            child.check_token(first[0])
+        for (child, _), first in zip(made, firsts, strict=True):
+            child.commit_slice(0, first, parent.prompt_logprobs)
             self._seqs[child.seq_id] = child
         return {child.seq_id: child.generated[0] for child, _ in made}
 
@@ -247,10 +254,13 @@ class Executor:
         """Whether the model's caches are plain KV that the prefix cache can keep and slice."""
         return can_cache(make_prompt_cache(self.model))
 
-    def _start_from(self, seq: _Sequence, prefix: CachedPrefix) -> None:
+    def _start_from(self, seq: SeqState, prefix: CachedPrefix) -> None:
         if not 0 < prefix.num_tokens < len(seq.prompt):
             raise ValueError(f"a cached prefix of {prefix.num_tokens} tokens for a prompt of "
                              f"{len(seq.prompt)}: it must leave the last prompt token to run")
+        if seq.sampler.params.prompt_logprobs is not None:
+            raise ValueError("a prompt whose tokens' log-probabilities are asked for (echo) "
+                             "runs every token: it cannot start from a cached prefix")
         assert seq.cache is not None
         attach(seq.cache, prefix)
         seq.num_prefilled = seq.num_cached = prefix.num_tokens
@@ -275,7 +285,12 @@ class Executor:
         mx.eval(copies)
         return tokens, copies
 
-    def _get(self, seq_id: int) -> _Sequence:
+    def _sampler(self, sampling: SamplingParams, prompt: Sequence[int]) -> SequenceSampler:
+        vocab_size = self.bundle.vocab_size
+        return SequenceSampler(sampling.check_vocabulary(vocab_size), self.bundle.eos_token_ids,
+                               vocab_size, prompt)
+
+    def _get(self, seq_id: int) -> SeqState:
         try:
             return self._seqs[seq_id]
         except KeyError:
@@ -283,7 +298,7 @@ class Executor:
 
     # -- one tick ----------------------------------------------------------------------------
     def _check(self, prefills: Sequence[SliceWork],
-               decode: Sequence[int]) -> list[tuple[_Sequence, int]]:
+               decode: Sequence[int]) -> list[tuple[SeqState, int]]:
         ids = [w.seq_id for w in prefills] + list(decode)
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate sequence ids in one tick: {ids}")
@@ -301,8 +316,8 @@ class Executor:
             slices.append((seq, min(work.num_tokens, left)))
         return slices
 
-    def _batch_for(self, ids: list[int]) -> tuple[list[_Sequence], mx.array | None]:
-        # The batch made to hold `ids`, and the tokens of the step it has queued for them.
+    def _batch_for(self, ids: list[int]) -> tuple[list[SeqState], Queued | None]:
+        # The batch made to hold `ids`, and the step it has queued for them.
         if self._batch.ahead is not None and set(ids) != set(self._batch.live_ids):
             self._batch.rewind()
         if not ids:
@@ -311,49 +326,54 @@ class Executor:
         ahead, self._batch.ahead = self._batch.ahead, None
         return [self._seqs[i] for i in self._batch.live_ids], ahead
 
-    def _decode_segment(self, batch: list[_Sequence], inputs: mx.array | None = None) -> Segment:
+    def _decode_segment(self, batch: list[SeqState], inputs: mx.array | None = None) -> Segment:
         assert self._batch.cache is not None
         if inputs is None:
             inputs = mx.array([s.generated[-1] for s in batch])
         return Segment(inputs[:, None], self._batch.cache, logits=True)
 
-    def _slice_segment(self, seq: _Sequence, num_tokens: int) -> Segment:
-        assert seq.cache is not None
-        end = seq.num_prefilled + num_tokens
-        # Only a slice that ends the prompt needs logits; the others only fill the cache.
-        return Segment(mx.array(seq.tokens[seq.num_prefilled:end])[None], seq.cache,
-                       logits=end == len(seq.tokens))
-
-    def _sample(self, batch: list[_Sequence], ahead: mx.array | None,
-                slices: list[tuple[_Sequence, int]],
-                segments: list[Segment]) -> tuple[mx.array | None, list[mx.array]]:
-        # Lazy tokens of the decode rows (the queued ones, if any) and of each ended prompt.
+    def _sample(self, batch: list[SeqState], ahead: Queued | None,
+                slices: list[tuple[SeqState, int]],
+                segments: list[Segment]) -> tuple[Sampled | None, dict[int, SliceOutput]]:
+        # Lazy tokens of the decode rows (the queued ones, if any), and what each slice that
+        # wants logits computed.
         logits = self._forward(self.model, segments) if segments else None
-        tokens, row = ahead, 0
-        if tokens is None and batch:
-            tokens, row = self._sample_rows(batch, logits, ahead=0), len(batch)
-        firsts = []
-        for (seq, _), segment in zip(slices, segments[len(segments) - len(slices):],
-                                     strict=True):
+        rows, row = (ahead.sampled if ahead else None), 0
+        if rows is None and batch:
+            rows, row = self._sample_rows(batch, logits, ahead=0), len(batch)
+        outputs = {}
+        for (seq, num_tokens), segment in zip(slices, segments[len(segments) - len(slices):],
+                                              strict=True):
             if segment.logits:
                 assert logits is not None
-                if seq.forks and not seq.generated:
-                    seq.first_logits = logits[row: row + 1]
-                firsts.append(seq.sampler.sample(_masked(logits[row: row + 1], [seq]),
-                                                 len(seq.generated)))
-                row += 1
-        return tokens, firsts
+                num_rows = num_tokens if segment.all_logits else 1
+                outputs[seq.seq_id] = seq.slice_output(logits[row: row + num_rows], num_tokens,
+                                                       segment.all_logits)
+                row += num_rows
+        return rows, outputs
 
-    def _sample_rows(self, batch: list[_Sequence], logits: mx.array | None,
-                     ahead: int) -> mx.array:
+    def _sample_rows(self, batch: list[SeqState], logits: mx.array | None,
+                     ahead: int) -> Sampled:
         # The decode rows' tokens from the first len(batch) rows of `logits`; `ahead` steps past
-        # what was returned.
-        assert logits is not None
+        # what was returned. The rows' sampling state moves on.
+        assert logits is not None and self._batch.state is not None
         steps = [len(s.generated) + ahead for s in batch]
-        return sample_batch(_masked(logits[: len(batch)], batch), [s.sampler for s in batch],
-                            steps)
+        rows = logits[: len(batch)]
+        sampled, self._batch.state = sample_batch(
+            rows, [s.sampler for s in batch], steps, self._batch.state,
+            token_masks(rows, [s.matcher for s in batch]))
+        return sampled
 
-    def _can_run_ahead(self, batch: list[_Sequence]) -> bool:
+    def _queue_ahead(self, batch: list[SeqState], rows: Sampled) -> None:
+        # The next step of the same batch, queued before this one's tokens are read.
+        logits = self._forward(self.model, [self._decode_segment(batch, rows.tokens)])
+        assert self._batch.state is not None
+        before = self._batch.state
+        queued = Queued(self._sample_rows(batch, logits, ahead=1), before)
+        self._batch.ahead = queued
+        mx.async_eval(queued.sampled.arrays(), self._batch.state.arrays())
+
+    def _can_run_ahead(self, batch: list[SeqState]) -> bool:
         # Not while a sequence outside the batch may need the next tick (its work would queue
         # behind this step), nor past every max_tokens, nor with a grammar (its next mask needs
         # this step's token).
@@ -364,54 +384,35 @@ class Executor:
         )
 
     @contextmanager
-    def _undo_on_error(self, caches: list[list[Any]], seqs: list[_Sequence],
-                       ahead: mx.array | None) -> Iterator[None]:
-        # Cache states and PRNG keys as they were; a failed tick puts them back (positions past
-        # a restored offset are garbage that the next update overwrites).
+    def _undo_on_error(self, caches: list[list[Any]], seqs: list[SeqState],
+                       ahead: Queued | None) -> Iterator[None]:
+        # Cache states and sampling states as they were; a failed tick puts them back
+        # (positions past a restored offset are garbage that the next update overwrites).
         cache_states = [[c.state for c in cache] for cache in caches]
-        keys = [s.sampler.state for s in seqs]
+        states = [s.sampler.state for s in seqs]
+        batch_state = self._batch.state
         try:
             yield
         except BaseException:
-            for cache, states in zip(caches, cache_states, strict=True):
-                for c, state in zip(cache, states, strict=True):
+            for cache, saved in zip(caches, cache_states, strict=True):
+                for c, state in zip(cache, saved, strict=True):
                     c.state = state
-            for seq, key in zip(seqs, keys, strict=True):
-                seq.sampler.state = key
+            for seq, state in zip(seqs, states, strict=True):
+                seq.sampler.state = state
+            self._batch.state = batch_state
             self._batch.ahead = ahead  # still valid: the batch's caches hold its step again
             raise
 
-    def _commit(self, batch: list[_Sequence], decoded: list[int],
-                slices: list[tuple[_Sequence, int]], firsts: list[int]) -> dict[int, int]:
+    def _commit(self, batch: list[SeqState], decoded: list[Token],
+                slices: list[tuple[SeqState, int]],
+                found: dict[int, tuple[Token | None, list[TokenLogprob]]]) -> dict[int, int]:
         out: dict[int, int] = {}
         for seq, token in zip(batch, decoded, strict=True):
-            if seq.matcher is not None:
-                seq.matcher.consume(token)
-            seq.generated.append(token)
-            seq.num_cached += 1
-            out[seq.seq_id] = token
-        ended = iter(firsts)
+            seq.commit_decode(token)
+            out[seq.seq_id] = token[0]
         for seq, num_tokens in slices:
-            seq.num_prefilled += num_tokens
-            seq.num_cached += num_tokens
-            if seq.can_decode:
-                seq.generated.append(next(ended))
-                if seq.matcher is not None:
-                    seq.matcher.consume(seq.generated[-1])
-                out[seq.seq_id] = seq.generated[-1]
+            first, prompt = found.get(seq.seq_id, (None, []))
+            seq.commit_slice(num_tokens, first, prompt)
+            if first is not None:
+                out[seq.seq_id] = first[0]
         return out
-
-
-def _masked(logits: mx.array, seqs: Sequence[_Sequence]) -> mx.array:
-    # The one place a grammar touches sampling: row i of `logits` (seqs[i]'s) gets its
-    # matcher's mask as the sampler receives it: before top-k/top-p, so those choose among the
-    # tokens the grammar allows (truncating first could leave none), and with EOS blocking
-    # and any other -inf it commutes.
-    return apply_masks(logits, [s.matcher for s in seqs])
-
-
-def _check_grammars(pairs: Iterable[tuple[_Sequence, int]]) -> None:
-    # Before anything is committed: a token a grammar refuses fails the tick, which is undone.
-    for seq, token in pairs:
-        if seq.matcher is not None:
-            seq.matcher.check_token(token)

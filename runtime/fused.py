@@ -21,6 +21,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.cache import BatchKVCache
+
+from runtime.row_groups import split_rows
 
 # The attention and MLP classes whose __call__ `forward_fused` re-states, read line by line.
 _FUSABLE_ATTENTION = (llama.Attention, qwen2.Attention)
@@ -31,11 +34,13 @@ _FUSABLE_BLOCK = (llama.TransformerBlock, qwen2.TransformerBlock)
 @dataclass(frozen=True)
 class Segment:
     """A block of tokens (shape (rows, length)) and its per-layer cache. With `logits`, the
-    forward returns the logits of its last position in every row."""
+    forward returns the logits of its last position in every row; with `all_logits` too, of
+    every position (a prompt whose tokens' log-probabilities are asked for)."""
 
     tokens: mx.array
     cache: list[Any]
     logits: bool
+    all_logits: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -58,12 +63,14 @@ def can_fuse(model: Any) -> bool:
 
 
 def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
-    """Logits (rows wanted, vocab) of every segment with `logits`, in segment order; None when
-    no segment wants any. Updates every segment's cache. `model` must pass `can_fuse`."""
+    """Logits (rows wanted, vocab) of every segment with `logits` (every position of one with
+    `all_logits`), in segment order; None when no segment wants any. Updates every segment's
+    cache. `model` must pass `can_fuse`."""
     inner = model.model
     h = inner.embed_tokens(mx.concatenate([s.tokens.reshape(-1) for s in segments]))
     # Masks as the model makes them: from each segment's shape and cache, before any update.
     masks = [create_attention_mask(s.tokens, s.cache[0]) for s in segments]
+    groups = [_row_groups(s) for s in segments]
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1
     for i, layer in enumerate(inner.layers):
@@ -71,12 +78,12 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         attn = layer.self_attn
         queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         outputs, start = [], 0
-        for segment, mask in zip(segments, masks, strict=True):
+        for segment, mask, rows in zip(segments, masks, groups, strict=True):
             end = start + segment.num_tokens
             # The last layer's output matters only at the rows whose logits are wanted.
             need = i < last or segment.logits
             out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
-                          keys[start:end], values[start:end])
+                          keys[start:end], values[start:end], rows)
             if out is not None:
                 outputs.append(out)
             start = end
@@ -96,13 +103,15 @@ def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     logits = []
     for segment in segments:
         out = model(segment.tokens, cache=segment.cache)
-        if segment.logits:
+        if segment.all_logits:
+            logits.append(out.reshape(-1, out.shape[-1]))
+        elif segment.logits:
             logits.append(out[:, -1, :])
     return _concat(logits) if logits else None
 
 
 def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.array | None,
-            keys: mx.array, values: mx.array) -> mx.array | None:
+            keys: mx.array, values: mx.array, groups: RowGroups | None) -> mx.array | None:
     # mlx-lm's Attention.__call__ for one segment (rows, length), after the projections.
     rows, length = segment.tokens.shape
     cache = segment.cache[layer]
@@ -115,9 +124,58 @@ def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.arra
         return None
     queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
     queries = attn.rope(queries, offset=offset)
-    out = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=attn.scale,
-                                       mask=mask)
+    if groups is None:
+        out = scaled_dot_product_attention(queries, keys, values, cache=cache,
+                                           scale=attn.scale, mask=mask)
+    else:
+        out = _attend_grouped(queries, keys, values, cache, attn.scale, mask, groups)
     return out.transpose(0, 2, 1, 3).reshape(rows * length, -1)
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Decode rows attended group by group: each group's rows (`rows[g]`) against only the
+    last `keys[g]` positions of the padded batch cache, which hold all their unmasked keys;
+    `order` puts the concatenated outputs back in row order."""
+
+    rows: tuple[mx.array, ...]
+    keys: tuple[int, ...]
+    padded: tuple[bool, ...]  # whether some row of the group has fewer keys than `keys`
+    order: mx.array
+
+
+def _row_groups(segment: Segment) -> RowGroups | None:
+    # The decode rows in groups by runtime/row_groups.py; None: one group (the padded form).
+    rows, length = segment.tokens.shape
+    cache = segment.cache[0]
+    if rows < 2 or length != 1 or not isinstance(cache, BatchKVCache):
+        return None
+    total = cache._idx + 1  # keys after this step's update
+    lengths = [total - pad for pad in cache.left_padding.tolist()]
+    groups = split_rows(lengths)
+    if groups is None:
+        return None
+    flat = [r for g in groups for r in g]
+    inverse = sorted(range(rows), key=flat.__getitem__)
+    keys = [max(lengths[r] for r in g) for g in groups]
+    padded = [any(lengths[r] < n for r in g) for g, n in zip(groups, keys, strict=True)]
+    return RowGroups(tuple(mx.array(g) for g in groups), tuple(keys), tuple(padded),
+                     mx.array(inverse))
+
+
+def _attend_grouped(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
+                    scale: float, mask: Any, groups: RowGroups) -> mx.array:
+    outs = []
+    for rows, num_keys, padded in zip(groups.rows, groups.keys, groups.padded, strict=True):
+        # Window first, then the rows: a gather over the whole padded length is ~10x slower.
+        def pick(a: mx.array, n: int = num_keys, rows: mx.array = rows) -> mx.array:
+            return mx.take(a[..., a.shape[-2] - n:, :], rows, axis=0)
+        window_mask = mx.take(mask[..., mask.shape[-1] - num_keys:], rows, axis=0) \
+            if padded else None  # every key in the window is every row's own: no mask
+        outs.append(scaled_dot_product_attention(
+            mx.take(queries, rows, axis=0), pick(keys), pick(values), cache=cache, scale=scale,
+            mask=window_mask))
+    return mx.take(mx.concatenate(outs), groups.order, axis=0)
 
 
 def _wanted_rows(segments: Sequence[Segment]) -> tuple[mx.array, mx.array] | None:
@@ -127,7 +185,8 @@ def _wanted_rows(segments: Sequence[Segment]) -> tuple[mx.array, mx.array] | Non
     for s in segments:
         num_rows, length = s.tokens.shape
         if s.logits:
-            ends = [r * length + length - 1 for r in range(num_rows)]
+            ends = list(range(s.num_tokens)) if s.all_logits else \
+                [r * length + length - 1 for r in range(num_rows)]
             everywhere += [start + e for e in ends]
             among_kept += [kept + e for e in ends]
             kept += s.num_tokens

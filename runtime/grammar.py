@@ -4,9 +4,10 @@ A request's `response_format` is compiled once, when it is submitted, on the cal
 (`GrammarCompiler.compile`): the schema becomes an llguidance grammar, a first matcher is built
 and its first mask computed, so every error (a schema llguidance refuses, a feature it does not
 implement) is found there, named, and never reaches the engine. The engine gives each constrained
-sequence its own copy of that matcher (`Grammar.new_matcher`); before sampling, the rows of the
-batch that carry a matcher get their next-token mask (`apply_masks`), and each sampled token
-advances the matcher. EOS is allowed exactly when the grammar accepts. Forced tool calls compile
+sequence its own copy of that matcher (`Grammar.new_matcher`); the rows of the batch that carry
+a matcher get their next-token mask (`token_masks`), which the sampler applies after the other
+controls and before the draw (runtime/row_sampling.py), and each sampled token advances the
+matcher. EOS is allowed exactly when the grammar accepts. Forced tool calls compile
 through `compile_lark` (server/tool_calls.py writes the grammar). Why llguidance: ADR 0012.
 """
 
@@ -27,7 +28,8 @@ from runtime.formats import JSON_STYLE, GrammarError, ResponseFormat
 from runtime.limits import MAX_SCHEMA_CHARS
 
 __all__ = ["JSON_STYLE", "Grammar", "GrammarCompiler", "GrammarError", "GrammarMatcher",
-           "ResponseFormat", "apply_masks", "make_grammar_compiler", "unpack_bitmask"]
+           "ResponseFormat", "apply_masks", "make_grammar_compiler", "token_masks",
+           "unpack_bitmask"]
 
 
 @dataclass(frozen=True)
@@ -154,11 +156,18 @@ def make_grammar_compiler(bundle: Any) -> GrammarCompiler:
 
 def apply_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array:
     """`logits` (rows, vocab) with every token row i's matcher refuses at -inf; rows without a
-    matcher unchanged. The masks are computed now, from each matcher's current state, while
-    MLX computes `logits`."""
+    matcher unchanged."""
+    allowed = token_masks(logits, matchers)
+    return logits if allowed is None else mx.where(allowed, logits, -mx.inf)
+
+
+def token_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array | None:
+    """A bool array like `logits` (rows, vocab): row i's tokens its matcher allows (every token
+    in a row without one); None when no row has a matcher. The masks are computed now, from each
+    matcher's current state, while MLX computes `logits`."""
     rows = [(i, m) for i, m in enumerate(matchers) if m is not None]
     if not rows:
-        return logits
+        return None
     # The masks need only tokens already sampled: MLX runs the forward while llguidance works.
     mx.async_eval(logits)
     bitmask = rows[0][1].compiler.allocate(len(matchers))
@@ -167,7 +176,7 @@ def apply_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> 
     for i, m in rows:
         llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
         m.check()
-    return mx.where(unpack_bitmask(bitmask, logits.shape[-1]), logits, -mx.inf)
+    return unpack_bitmask(bitmask, logits.shape[-1])
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab: int) -> mx.array:

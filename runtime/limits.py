@@ -115,6 +115,9 @@ N = Bound(1, MAX_N, integer=True)
 BEST_OF = Bound(1, 20, integer=True)
 COMPLETION_LOGPROBS = Bound(0, 5, integer=True)
 CHAT_TOP_LOGPROBS = Bound(0, 20, integer=True)
+# The engine's: alternatives reported per token, the most either endpoint asks for.
+TOP_LOGPROBS = Bound(0, max(COMPLETION_LOGPROBS.high or 0, CHAT_TOP_LOGPROBS.high or 0),
+                     integer=True)
 
 
 class ContextOverflow(ValueError):

@@ -77,6 +77,12 @@ class ModelBundle:
     eos_token_ids: frozenset[int]
     bos_token_id: int | None
 
+    @property
+    def vocab_size(self) -> int:
+        """The token ids the model has logits for (its config's `vocab_size`)."""
+        size = getattr(getattr(self.model, "args", None), "vocab_size", None)
+        return int(size) if size else len(self.tokenizer.vocab)
+
 
 def make_builtin_model(
     cache_dir: Path | None = None, *, allow_eos: bool = False, seed: int = 0
@@ -203,7 +209,7 @@ def _bias_output(weights: dict[str, mx.array], args: ModelArgs, *, allow_eos: bo
     weights["lm_head.weight"] = mx.concatenate([mx.array(bias)[:, None], head[:, 1:]], axis=1)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     # GPT-2's reversible byte -> printable character map, which the ByteLevel pieces expect.
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     mapping = {b: chr(b) for b in printable}
@@ -219,7 +225,7 @@ def _write_tokenizer(path: Path) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     # Token id == byte value, so mlx-lm picks its BPE streaming detokenizer.
-    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

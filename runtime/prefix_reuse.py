@@ -32,9 +32,11 @@ class PrefixReuse:
 
     def lookup(self, live: LiveRequest) -> CachedPrefix | None:
         """The longest cached prefix of the request's prompt (`live.num_cached` says how
-        long); the sequence prefills only the rest."""
+        long); the sequence prefills only the rest. None for a request that opted out, or that
+        asks for its prompt's log-probabilities (echo): a cached prefix has none, so its forward
+        must run over every prompt token."""
         prompt = live.request.prompt_tokens
-        if not live.request.cache_prompt:
+        if not live.request.cache_prompt or live.request.sampling.prompt_logprobs is not None:
             return None
         prefix = self.cache.lookup(prompt)
         live.num_cached = prefix.num_tokens if prefix is not None else 0

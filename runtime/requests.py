@@ -3,8 +3,11 @@ clocks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from runtime.api import AbortCause, FinishReason, GenerationRequest, Sink, TokenEvent
 from runtime.detok import TextStream
+from runtime.logprobs import TokenLogprob
 from runtime.metrics import EngineMetrics
 from runtime.outcomes import RequestOutcome
 
@@ -42,8 +45,11 @@ class LiveRequest:
     def kv_tokens(self) -> int:
         return kv_tokens(self.request)
 
-    def accept(self, token: int, now_s: float, metrics: EngineMetrics) -> bool:
-        """Publish one sampled token; True when the request is finished by it."""
+    def accept(self, token: int, now_s: float, metrics: EngineMetrics,
+               logprob: TokenLogprob | None = None,
+               prompt_logprobs: tuple[TokenLogprob, ...] | None = None) -> bool:
+        """Publish one sampled token (with its log-probabilities, and the prompt's, when they
+        were asked for); True when the request is finished by it."""
         sampling = self.request.sampling
         if self.last_token_s is None:
             self.first_token_s = now_s
@@ -54,24 +60,31 @@ class LiveRequest:
         self.last_token_s = now_s
         self.num_generated += 1
         metrics.generation_tokens.inc()
+        event = TokenEvent(self.request_id, token, "", logprob=logprob,
+                           prompt_logprobs=prompt_logprobs)
         if token in self.eos_token_ids and not sampling.ignore_eos:
-            self.end("stop", token, self.stream.finish())
+            # EOS is not part of the text, so not of its log-probabilities either.
+            self._end(replace(event, text=self.stream.finish(), finish_reason="stop",
+                              logprob=None))
             return True
         text = self.stream.add(token)
         if self.stream.stopped:
-            self.end("stop", token, text)
+            self._end(replace(event, text=text, finish_reason="stop"))
         elif self.num_generated >= sampling.max_tokens:
-            self.end("length", token, text + self.stream.finish())
+            self._end(replace(event, text=text + self.stream.finish(), finish_reason="length"))
         else:
-            self._send(TokenEvent(self.request_id, token, text))
+            self._send(replace(event, text=text))
         return self.finish_reason is not None
 
     def end(self, reason: FinishReason, token: int | None = None, text: str = "",
             error: str | None = None) -> None:
         """Send the last event (once)."""
+        self._end(TokenEvent(self.request_id, token, text, reason, error))
+
+    def _end(self, event: TokenEvent) -> None:
         if self.finish_reason is None:
-            self.finish_reason = reason
-            self._send(TokenEvent(self.request_id, token, text, reason, error))
+            self.finish_reason = event.finish_reason
+            self._send(event)
 
     def outcome(self, now_s: float, cause: AbortCause | None) -> RequestOutcome:
         """How it ended (after `end`): `cause` None if it finished."""
@@ -86,9 +99,9 @@ class LiveRequest:
             self.num_preemptions)
 
     def _send(self, event: TokenEvent) -> None:
-        event = TokenEvent(event.request_id, event.token_id, event.text, event.finish_reason,
-                           event.error, len(self.request.prompt_tokens), self.num_generated,
-                           self.num_cached, self.index)
+        event = replace(event, num_prompt_tokens=len(self.request.prompt_tokens),
+                        num_generated_tokens=self.num_generated,
+                        num_cached_tokens=self.num_cached, index=self.index)
         try:
             self.sink(event)
         except Exception:  # noqa: BLE001 - a broken sink must not stop the engine

@@ -93,10 +93,8 @@ def model_limits(bundle: Any, config: ServerConfig | None = None) -> ModelLimits
     chat max_tokens default of `config`. With no served names configured the model is served
     as its directory's name."""
     config = config or ServerConfig()
-    args = getattr(bundle.model, "args", None)
-    vocab_size = getattr(args, "vocab_size", None) or len(bundle.tokenizer.vocab)
     name, *aliases = config.served_model_names or (bundle.name,)
-    return ModelLimits(name, int(bundle.context_length), int(vocab_size), tuple(aliases),
+    return ModelLimits(name, int(bundle.context_length), bundle.vocab_size, tuple(aliases),
                        config.default_chat_max_tokens)
 
 

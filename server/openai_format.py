@@ -30,11 +30,13 @@ def make_header(kind: str, model: str) -> ResponseHeader:
 @dataclass(frozen=True)
 class Choice:
     """One finished choice of a whole response: its index, text (a chat's content: None when
-    tool calls left none), finish reason and the tool calls read from it."""
+    tool calls left none), finish reason, log-probabilities (server/logprobs_format.py; None when
+    not asked for) and the tool calls read from it."""
 
     index: int
     text: str | None
     finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
     calls: tuple[ToolCall, ...] = ()
 
 
@@ -71,7 +73,7 @@ def full_body(header: ResponseHeader, choices: list[Choice],
     """The non-streaming response for a finished request, its choices in index order."""
     out = []
     for c in sorted(choices, key=lambda c: c.index):
-        choice: dict[str, Any] = {"index": c.index, "logprobs": None,
+        choice: dict[str, Any] = {"index": c.index, "logprobs": c.logprobs,
                                   "finish_reason": finish_reason(c.finish_reason, len(c.calls))}
         if header.kind == "completion":
             out.append({**choice, "text": c.text})
@@ -85,10 +87,11 @@ def full_body(header: ResponseHeader, choices: list[Choice],
 
 
 def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
-          index: int = 0) -> dict[str, Any]:
-    """One streamed chunk of choice `index`; for chat, `text=None` opens the assistant turn (the
-    role delta)."""
-    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+          index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed chunk of choice `index`, with the log-probabilities of its tokens; for
+    chat, `text=None` opens the assistant turn (the role delta)."""
+    choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
+                              "finish_reason": finish_reason}
     if header.kind == "completion":
         return _envelope(header, "text_completion", [{**choice, "text": text or ""}])
     if text is None and finish_reason is None:

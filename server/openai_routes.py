@@ -3,12 +3,13 @@
 Each generation request: validate (server.validation) -> submit to the engine (one engine
 request per prompt, each with `n` choices) -> relay its token events, as one JSON body (choices
 in index order) or as `data: {...}` chunks, each carrying its choice's `index`, every choice
-ending with its own finish chunk, then `data: [DONE]`. The `finally` around the relay aborts
-every choice when the client goes away before they finished. Unknown fields in a body are
-ignored; the response names them in `fairtick-ignored-fields` (ADR 0010). A response format or
-a forced tool choice is compiled into a grammar on a worker thread before submission; with
-tools offered, each choice's output is read for calls (server/tool_calls.py), whole or as it
-streams.
+ending with its own finish chunk, then `data: [DONE]`. Each choice carries its own
+log-probabilities and echoed prompt when asked for (server/logprobs_format.py): whole, or with
+the chunks of its tokens. The `finally` around the relay aborts every choice when the client
+goes away before they finished. Unknown fields in a body are ignored; the response names them in
+`fairtick-ignored-fields` (ADR 0010). A response format or a forced tool choice is compiled into
+a grammar on a worker thread before submission; with tools offered, each choice's output is read
+for calls (server/tool_calls.py), whole or as it streams.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runtime.api import AbortCause, GenerationRequest, TokenEvent
 from server import openai_format as fmt
 from server.body_reading import ignored_header, log_ignored
 from server.errors import ApiError
+from server.logprobs_format import ChoiceLogprobs, choice_logprobs
 from server.response_format import compile_off_loop, compile_response_format
 from server.streams import EventStream, engine_unavailable
 from server.tool_calls import ToolCall, ToolCallStream, compile_tool_calls, parse_tool_calls
@@ -62,15 +64,16 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     grammar = await _compile_grammar(ctx.engine, valid)
     header = fmt.make_header(kind, ctx.limits.name)
     log_ignored(header.request_id, valid.ignored)
+    logprobs = choice_logprobs(valid, ctx.encoder.tokenizer)  # each choice's formatter, if asked
     stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid, grammar))
     stream.submit("prompt" if kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
     try:
         if valid.stream:
-            await _relay_sse(request, stream, header, valid)
+            await _relay_sse(request, stream, header, valid, logprobs)
             return None
-        return await _collect(stream, header, valid)
+        return await _collect(stream, header, valid, logprobs)
     except asyncio.CancelledError:
         log.info("client of %s went away; aborting it", header.request_id)
         cause = "client_disconnect"
@@ -106,25 +109,32 @@ def _usage(valid: ValidRequest, last: Iterable[TokenEvent]) -> dict[str, Any]:
                      sum(e.num_cached_tokens for e in events if e.index % valid.n == 0))
 
 
-async def _collect(stream: EventStream, header: fmt.ResponseHeader,
-                   valid: ValidRequest) -> JSONResponse:
+async def _collect(stream: EventStream, header: fmt.ResponseHeader, valid: ValidRequest,
+                   logprobs: dict[int, ChoiceLogprobs]) -> JSONResponse:
     parts: dict[int, list[str]] = {i: [] for i in range(stream.num_choices)}
     last: dict[int, TokenEvent] = {}
     async for event in stream.events():
+        choice = logprobs.get(event.index)
+        if choice is not None:
+            parts[event.index].append(choice.start(event) or "")  # the echo, at the first event
+            choice.take(event)
         parts[event.index].append(event.text)
         if event.finish_reason is not None:
             _raise_if_failed(stream, event)
             last[event.index] = event
-    choices = [_choice(i, "".join(parts[i]), e, valid) for i, e in last.items()]
+    choices = [_choice(i, "".join(parts[i]), e, valid,
+                       logprobs[i].flush() if i in logprobs else None)
+               for i, e in last.items()]
     return json(fmt.full_body(header, choices, _usage(valid, last.values())),
                 headers=ignored_header(list(valid.ignored)))
 
 
-def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest) -> fmt.Choice:
+def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest,
+            logprobs: dict[str, Any] | None) -> fmt.Choice:
     if valid.tools is None:
-        return fmt.Choice(index, text, last.finish_reason)
+        return fmt.Choice(index, text, last.finish_reason, logprobs)
     content, calls = parse_tool_calls(text, valid.tools.names)
-    return fmt.Choice(index, content, last.finish_reason, tuple(calls))
+    return fmt.Choice(index, content, last.finish_reason, logprobs, tuple(calls))
 
 
 def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
@@ -137,7 +147,8 @@ def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
 
 
 async def _relay_sse(
-    request: Request, stream: EventStream, header: fmt.ResponseHeader, valid: ValidRequest
+    request: Request, stream: EventStream, header: fmt.ResponseHeader, valid: ValidRequest,
+    logprobs: dict[int, ChoiceLogprobs],
 ) -> None:
     response = await request.respond(
         content_type="text/event-stream",
@@ -153,17 +164,27 @@ async def _relay_sse(
     readers = {i: ToolCallStream(names) for i in range(stream.num_choices)} if names else {}
     num_calls = dict.fromkeys(range(stream.num_choices), 0)
     async for event in stream.events():
+        choice = logprobs.get(event.index)
+        if choice is not None:
+            echo = choice.start(event)
+            if echo is not None:  # the echoed prompt (and its log-probabilities) first
+                await response.send(fmt.sse(fmt.chunk(header, echo, None, event.index,
+                                                      choice.flush())))
+            choice.take(event)
         reader = readers.get(event.index)
         parts: list[str | ToolCall] = [event.text] if reader is None else reader.feed(event.text)
         if reader is not None and event.finish_reason is not None:
             parts += reader.finish()
+        # A content chunk carries the log-probabilities taken since its choice's last chunk (a
+        # call's tokens: with the next content or finish chunk).
         for part in parts:
             if isinstance(part, ToolCall):
                 await response.send(fmt.sse(fmt.call_chunk(header, part, num_calls[event.index],
                                                            event.index)))
                 num_calls[event.index] += 1
             elif part:
-                await response.send(fmt.sse(fmt.chunk(header, part, None, event.index)))
+                await response.send(fmt.sse(fmt.chunk(header, part, None, event.index,
+                                                      _taken(choice))))
         if event.finish_reason is None:
             continue
         try:
@@ -173,9 +194,14 @@ async def _relay_sse(
             break
         last[event.index] = event
         reason = fmt.finish_reason(event.finish_reason, num_calls[event.index])
-        await response.send(fmt.sse(fmt.chunk(header, "", reason, event.index)))
+        await response.send(fmt.sse(fmt.chunk(header, "", reason, event.index, _taken(choice))))
     else:
         if valid.include_usage:
             await response.send(fmt.sse(fmt.usage_chunk(header, _usage(valid, last.values()))))
     await response.send(fmt.sse("[DONE]"))
     await response.eof()
+
+
+def _taken(choice: ChoiceLogprobs | None) -> dict[str, Any] | None:
+    # A chunk carries the log-probabilities of its choice's tokens taken since its last chunk.
+    return choice.flush() if choice is not None else None

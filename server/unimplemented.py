@@ -6,8 +6,8 @@ no-op value with a 400 `unsupported_parameter` naming it. What is refused: the f
 `NOT_YET`, a completions `best_of` other than `n`, and in chat messages content parts other
 than text and the deprecated `function_call` (`_unsupported_in_message`). To implement one:
 delete its row or clause here and read the field where the body becomes work
-(server/validation.py `_sampling` for a sampling control), with a test that it changes what is
-generated.
+(server/sampling_fields.py `sampling_params` for a sampling control), with a test that it
+changes what is generated.
 """
 
 from __future__ import annotations
@@ -48,15 +48,6 @@ def _one(kind: str) -> frozenset[str]:
 
 
 NOT_YET: tuple[NotYet, ...] = (
-    NotYet(GENERATION, "min_p", 0),
-    NotYet(GENERATION, "presence_penalty", 0),
-    NotYet(GENERATION, "frequency_penalty", 0),
-    NotYet(GENERATION, "repetition_penalty", 1),
-    NotYet(GENERATION, "logit_bias", {}),
-    NotYet(_one(COMPLETION), "logprobs"),
-    NotYet(_one(CHAT), "logprobs", False),
-    NotYet(_one(CHAT), "top_logprobs", 0),
-    NotYet(_one(COMPLETION), "echo", False),
     NotYet(_one(COMPLETION), "suffix", ""),
     NotYet(_one(CHAT), "functions", []),
     NotYet(_one(CHAT), "function_call", "none"),

@@ -9,14 +9,15 @@
 4. `refuse_unimplemented` (server/unimplemented.py): fields declared but not done yet.
 5. The served model: its name, the prompt's tokens (a chat's with the `tools` it offers:
    server/tool_request.py), the context (`runtime.limits.fit_context`, the one context check)
-   and the engine's `SamplingParams`.
+   and the engine's `SamplingParams` (server/sampling_fields.py).
 6. The grammar fields (server/response_format.py `check_grammar_fields`); the grammar itself is
    compiled by the route, off the event loop.
 
 Nothing here touches the engine or imports MLX, so a bad request never reaches the engine.
-Defaults: greedy unless `temperature` is given, no stop strings; `max_tokens` 16 for
-completions (OpenAI's default) and `ModelLimits.default_chat_max_tokens` for chat, each cut to
-the room the prompt leaves in the context.
+Defaults: greedy unless `temperature` is given, no stop strings, no sampling control (min_p,
+penalties, logit_bias) and no log-probabilities unless asked; `max_tokens` 16 for completions
+(OpenAI's default) and `ModelLimits.default_chat_max_tokens` for chat, each cut to the room the
+prompt leaves in the context.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from server.body_reading import ignored_fields, read_body
 from server.errors import ApiError, invalid
 from server.messages import prompt_messages
 from server.response_format import check_grammar_fields, read_response_format
+from server.sampling_fields import sampling_params
 from server.tool_request import ToolRequest, chat_inputs, read_tool_request
 from server.unimplemented import refuse_unimplemented
 
@@ -83,10 +85,12 @@ class PromptEncoder(Protocol):
 
 @dataclass(frozen=True)
 class ValidPrompt:
-    """One prompt of a request, tokenized, with the sampling parameters that fit its context."""
+    """One prompt of a request, tokenized, with the sampling parameters that fit its context;
+    `text`: the prompt as sent when it was a string (what `echo` returns)."""
 
     tokens: tuple[int, ...]
     sampling: SamplingParams
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class ValidRequest:
     include_usage: bool
     ignored: tuple[str, ...] = ()
     cache_prompt: bool = True  # false: the request neither reuses nor leaves a cached prefix
+    echo: bool = False  # completions: each choice's text starts with its prompt
     response_format: ResponseFormat | None = None  # compiled by the route, off the event loop
     tools: ToolRequest | None = None  # the tools a chat offers (None: none, or "none")
 
@@ -190,26 +195,40 @@ def validate_request(
     check_grammar_fields(response_format, tools, body.min_tokens, body.ignore_eos)
     if isinstance(body, CompletionBody):
         prompts = read_prompts(body.prompt, encoder)
+        texts = _prompt_texts(body.prompt)
     else:
         prompts = [(encoder_chat(encoder, prompt_messages(body.messages), tools), "messages")]
+        texts = [None]
     if len(prompts) * n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} choices; at "
                       f"most {MAX_CHOICES} are allowed in one request", "n")
-    valid = tuple(_valid_prompt(tokens, param, body, limits) for tokens, param in prompts)
+    valid = tuple(_valid_prompt(tokens, param, body, limits, text)
+                  for (tokens, param), text in zip(prompts, texts, strict=True))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    echo = isinstance(body, CompletionBody) and bool(body.echo)
     return ValidRequest(kind, valid, n, bool(body.stream), include_usage,
-                        tuple(ignored_fields(body)), body.cache_prompt is not False,
+                        tuple(ignored_fields(body)), body.cache_prompt is not False, echo,
                         response_format, tools)
 
 
 def _valid_prompt(tokens: list[int], prompt_param: str, body: CompletionBody | ChatBody,
-                  limits: ModelLimits) -> ValidPrompt:
+                  limits: ModelLimits, text: str | None) -> ValidPrompt:
     """One prompt with the max_tokens its context leaves room for."""
     max_tokens = _fit_context(len(tokens), body, limits, prompt_param)
     if (body.min_tokens or 0) > max_tokens:
         raise invalid(f"`min_tokens` ({body.min_tokens}) must not exceed max_tokens "
                       f"({max_tokens})", "min_tokens")
-    return ValidPrompt(tuple(tokens), _sampling(body, max_tokens, limits))
+    return ValidPrompt(tuple(tokens), sampling_params(body, max_tokens, limits.vocab_size), text)
+
+
+def _prompt_texts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | None]:
+    """Each prompt of a completions `prompt` as sent, where it is a string (read_prompts'
+    order)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt[0], (str, list)):
+        return [p if isinstance(p, str) else None for p in prompt]
+    return [None]
 
 
 def _check_consistency(body: CompletionBody | ChatBody) -> None:
@@ -222,23 +241,6 @@ def _check_consistency(body: CompletionBody | ChatBody) -> None:
                           "best_of")
     elif body.top_logprobs and not body.logprobs:
         raise invalid("`top_logprobs` needs `logprobs` set to true", "top_logprobs")
-
-
-def _sampling(body: CompletionBody | ChatBody, max_tokens: int,
-              limits: ModelLimits) -> SamplingParams:
-    """The engine's parameters from the fields it implements (server/unimplemented.py refused
-    the others)."""
-    top_k = body.top_k or 0
-    return SamplingParams(
-        temperature=0.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=0 if top_k == -1 else min(top_k, limits.vocab_size),
-        seed=body.seed,
-        max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0,
-        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
-        ignore_eos=bool(body.ignore_eos),
-    )
 
 
 def read_prompts(prompt: str | list[str] | list[int] | list[list[int]],

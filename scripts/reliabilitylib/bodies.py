@@ -76,12 +76,18 @@ _COMMON: dict[str, st.SearchStrategy[Any]] = {
     "top_k": st.integers(-1, 64), "seed": st.integers(0, 2**63 - 1),
     "stop": _text(1) | st.lists(_text(1), max_size=4),
     "min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(),
+    "logit_bias": st.dictionaries(st.integers(0, 255).map(str), st.floats(-100, 100),
+                                  max_size=3),
+    "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2.0), "min_p": st.floats(0.0, 1.0),
     "user": _text(), "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
 }
-_COMPLETION = {**_COMMON, **no_ops("completion")}
+_COMPLETION = {**_COMMON, **no_ops("completion"), "echo": st.booleans(),
+               "logprobs": st.integers(0, 5)}
 _CHAT = {
     **_COMMON, **no_ops("chat"), "max_completion_tokens": st.integers(1, 4),
+    "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
     "parallel_tool_calls": st.booleans(), "store": st.booleans(),
     "metadata": st.dictionaries(_text(1), _text(), max_size=2)}
 _PROMPTS = st.one_of(_text(1), st.lists(st.integers(0, 255), min_size=1, max_size=8),
@@ -89,10 +95,12 @@ _PROMPTS = st.one_of(_text(1), st.lists(st.integers(0, 255), min_size=1, max_siz
 
 # A change to the key on the left can make the server name one on the right: a prompt that
 # leaves no room for max_tokens, `stream` false beside `stream_options`, max below min_tokens,
-# an `n` that `best_of` no longer equals (or is below).
+# an `n` that `best_of` no longer equals (or is below), chat `logprobs` no longer true beside
+# `top_logprobs`.
 DEPENDS = {"prompt": {"max_tokens"}, "messages": {"max_tokens", "max_completion_tokens"},
            "stream": {"stream_options"}, "max_tokens": {"min_tokens"},
-           "max_completion_tokens": {"min_tokens"}, "n": {"best_of"}}
+           "max_completion_tokens": {"min_tokens"}, "n": {"best_of"},
+           "logprobs": {"top_logprobs"}}
 
 
 # What a body needs in some form: the prompt of each endpoint, and room for its completion.
@@ -136,6 +144,8 @@ def valid_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     body = draw(_optional(_CHAT if chat else _COMPLETION))
     if body.get("stream_options") is not None:
         body["stream"] = True
+    if chat and body.get("top_logprobs"):
+        body["logprobs"] = True
     if chat:
         body["messages"] = draw(st.lists(_MESSAGE, min_size=1, max_size=3))
     else:

@@ -29,8 +29,9 @@ EDGE_VALUES = [0, 1, -1, 2**31, 2**63, 2**64, 10**30, 10**400, -(10**400), 1e30,
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
           "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n", "min_tokens",
           "ignore_eos", "logit_bias", "logprobs", "top_logprobs", "presence_penalty",
-          "frequency_penalty", "user", "best_of", "echo", "suffix", "response_format", "tools",
-          "tool_choice", "metadata", "store", "parallel_tool_calls", "nonsense_field"]
+          "frequency_penalty", "repetition_penalty", "min_p", "user", "best_of", "echo",
+          "suffix", "response_format", "tools", "tool_choice", "metadata", "store",
+          "parallel_tool_calls", "nonsense_field"]
 MAX_FUZZ_TOKENS = 16  # a valid body never generates more than this (keeps the phase short)
 
 

@@ -46,7 +46,7 @@ def test_malformed_bodies(server, raw, param, words):
     ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
     ({"prompt": ["x", 5]}, "prompt[1]"),  # a batch mixes strings and ids: the odd one named
     ({"prompt": [[1], []]}, "prompt[1]"),
-    ({"prompt": "x", "logprobs": 5}, "logprobs"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
     ({"prompt": "x", "logit_bias": {"999999": 5}}, "logit_bias"),
     ({"prompt": "x", "seed": -5}, "seed"),
     ({"prompt": [1, 10**6]}, "prompt[1]"),
@@ -56,7 +56,12 @@ def test_malformed_bodies(server, raw, param, words):
     ({"prompt": "x", "stop": ["a", 1]}, "stop[1]"),
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
-    ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
+    ({"prompt": "x", "logit_bias": {"7": 1, "007": 2}}, "logit_bias"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "suffix": "tail"}, "suffix"),  # still refused: not implemented
     ({"prompt": "x", "seed": 2**64}, "seed"),
     ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}},
      "stream_options.include_usage"),

@@ -157,3 +157,15 @@ def test_every_choice_of_n_is_schema_valid(client, model_name, stream):
     for text in texts.values():
         jsonschema.validate(json.loads(text), SCHEMA)
     assert len(set(texts.values())) == 3
+
+
+def test_logprobs_are_of_the_raw_distribution_not_the_masked_one(client, model_name):
+    # The grammar forces `{` first; the noise model's favourite is another token. Masked, `{`
+    # would have log-probability 0; raw, it is below the model's favourite.
+    out = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=3,
+                                         logprobs=True, top_logprobs=1,
+                                         response_format={"type": "json_object"})
+    first = out.choices[0].logprobs.content[0]
+    assert first.token == "{"
+    assert first.top_logprobs[0].token != "{"
+    assert first.logprob < first.top_logprobs[0].logprob < 0

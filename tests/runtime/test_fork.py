@@ -69,6 +69,46 @@ def test_seeded_siblings_each_equal_a_request_with_their_seed(llama_bundle):
     assert len({tuple(t) for t in choices.values()}) == 4, "each sibling draws its own tokens"
 
 
+def test_siblings_with_every_control_each_equal_a_request_with_their_seed(llama_bundle):
+    # Each sibling samples with its own state: its own PRNG key and its own token counts for
+    # the penalties (none at the fork: the prompt's first token is its parent's, not its own).
+    prompt = text_prompt(30, seed=960)
+    sampling = SamplingParams(temperature=1.2, seed=77, max_tokens=STEPS + 1, top_k=40,
+                              min_p=0.02, presence_penalty=1.5, frequency_penalty=0.7,
+                              repetition_penalty=1.3, logit_bias=((101, 3.0), (32, -5.0)))
+    ex = Executor(llama_bundle)
+    ex.add(0, prompt, sampling, forks=True)
+    first = prefill_all(ex, 0, CHUNK)
+    firsts = ex.fork(0, [(j, choice_sampling(sampling, j)) for j in (1, 2)])
+    out = decode_all(ex, [0, 1, 2], STEPS)
+    choices = {0: [first] + out[0], **{j: [firsts[j]] + out[j] for j in (1, 2)}}
+    for j, tokens in choices.items():
+        assert tokens == alone(llama_bundle, prompt, choice_sampling(sampling, j), STEPS), j
+
+
+def test_siblings_first_tokens_carry_their_logprobs_and_the_prompts(llama_bundle):
+    prompt = text_prompt(2 * CHUNK + 3, seed=970)
+    sampling = SamplingParams(temperature=1.0, seed=9, max_tokens=4, logprobs=3,
+                              prompt_logprobs=2)
+    ex = Executor(llama_bundle)
+    ex.add(0, prompt, sampling, forks=True)
+    prefill_all(ex, 0, CHUNK)
+    tokens, prompts = ex.take_logprobs()
+    firsts = ex.fork(0, [(j, choice_sampling(sampling, j)) for j in (1, 2)])
+    child_tokens, child_prompts = ex.take_logprobs()
+    assert set(child_tokens) == set(child_prompts) == {1, 2}
+    logits = llama_bundle.model(mx.array(prompt)[None])[0].astype(mx.float32)
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for j in (1, 2):
+        assert child_prompts[j] == prompts[0], "the prompt's, found once by the shared prefill"
+        lp = child_tokens[j]
+        assert lp.token_id == firsts[j] and len(lp.top) == 3
+        assert lp.logprob == pytest.approx(rows[-1, firsts[j]].item(), abs=1e-4)
+        assert lp.top[0][1] == pytest.approx(rows[-1].max().item(), abs=1e-4)
+    assert [lp.token_id for lp in prompts[0]] == prompt[1:]
+    assert tokens[0].logprob == pytest.approx(rows[-1, tokens[0].token_id].item(), abs=1e-4)
+
+
 def test_fork_needs_a_prompt_that_just_ended_with_forks(llama_bundle):
     ex = Executor(llama_bundle)
     ex.add(0, text_prompt(8, seed=1), SamplingParams())

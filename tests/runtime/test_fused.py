@@ -73,6 +73,8 @@ MIXES = {
     "rows and slices, some ending their prompt": ([3, 17, 260], [(16, 0, True), (33, 20, False),
                                                                  (1, 9, True), (64, 200, False)]),
     "rows and slices that want no logits": ([12], [(5, 3, False), (9, 0, False)]),
+    # The longest row attends apart from the rest, which attend only their own window.
+    "a row far longer than the rest": ([5, 9, 3, 700, 12], [(6, 40, True)]),
 }
 
 
@@ -104,3 +106,15 @@ def test_only_architectures_whose_layers_it_restates_are_fused():
     sliding = random_model(llama, model_type="llama", sliding_window=64,
                            layer_types=["sliding_attention", "full_attention"] * 2)
     assert not can_fuse(sliding)
+
+
+def test_a_row_far_longer_than_the_rest_attends_apart_and_similar_rows_stay_together():
+    from runtime.fused import _row_groups
+    model = random_model(llama, model_type="llama")
+    far, = make_segments(model, 2, [5, 9, 3, 700, 12], [])
+    groups = _row_groups(far)
+    assert groups is not None
+    assert [g.tolist() for g in groups.rows] == [[3], [4, 1, 0, 2]]
+    assert groups.keys == (701, 13) and groups.padded == (False, True)
+    near, = make_segments(model, 2, [300, 420, 380, 700], [])
+    assert _row_groups(near) is None

@@ -244,18 +244,64 @@ def test_n_outside_its_range_is_a_400_naming_the_range(value):
     assert err.code is None
 
 
-def test_logprobs_are_not_supported():
-    expect(completion, logprobs=1, param="logprobs", match="not supported")
-    expect(chat, logprobs=True, param="logprobs", match="not supported")
-    expect(chat, top_logprobs=2, param="top_logprobs")
+def test_chat_logprobs_and_top_logprobs():
+    assert chat(logprobs=True, top_logprobs=20).sampling.logprobs == 20
+    assert chat(logprobs=True).sampling.logprobs == 0, "the chosen token's only"
     assert chat(logprobs=False, top_logprobs=0) == chat(), "the defaults are accepted"
+    assert chat().sampling.logprobs is None and chat().sampling.prompt_logprobs is None
+    expect(chat, top_logprobs=2, param="top_logprobs", match="needs `logprobs`")
+    expect(chat, logprobs=True, top_logprobs=21, param="top_logprobs", match="0 to 20")
+    expect(chat, logprobs=True, top_logprobs=-1, param="top_logprobs")
+    expect(chat, logprobs=1, param="logprobs", match="true or false")
+    assert not chat(logprobs=True).echo, "chat has no echo"
 
 
-def test_logit_bias_is_not_supported():
-    err = expect(completion, logit_bias={"5": 10}, param="logit_bias", match="not supported")
-    assert err.code == "unsupported_parameter"
+def test_completion_logprobs_and_echo():
+    assert completion(logprobs=5).sampling.logprobs == 5
+    assert completion(logprobs=0).sampling.logprobs == 0
+    assert completion(logprobs=2).sampling.prompt_logprobs is None, "the prompt's: with echo"
+    echoed = completion(logprobs=3, echo=True)
+    assert echoed.echo and echoed.sampling.prompt_logprobs == 3
+    plain = completion(echo=True)
+    assert plain.echo and plain.sampling.logprobs is None and plain.sampling.prompt_logprobs is None
+    for bad in (6, -1, True, 1.5, "2"):
+        expect(completion, logprobs=bad, param="logprobs")
+    expect(completion, logprobs=6, param="logprobs", match="0 to 5")
+    expect(completion, echo=1, param="echo", match="true or false")
+
+
+def test_echo_keeps_each_prompt_text_as_sent():
+    batch = completion(prompt=["ab", "cd"], echo=True)
+    assert [p.text for p in batch.prompts] == ["ab", "cd"]
+    assert completion(prompt=[1, 2], echo=True).prompts[0].text is None, "ids: decoded later"
+    assert completion(prompt=[[1, 2], [3]], echo=True).prompts[1].text is None
+
+
+def test_logit_bias_becomes_token_bias_pairs():
+    assert completion(logit_bias={"5": 10, "65": -100}).sampling.logit_bias == \
+        ((5, 10.0), (65, -100.0))
     expect(completion, logit_bias=[1], param="logit_bias", match="object")
+    err = expect(completion, logit_bias={"7": 1, "007": 2}, param="logit_bias", match="twice")
+    assert "'7'" in err.message and "'007'" in err.message
     assert completion(logit_bias={}) == completion(logit_bias=None) == completion()
+
+
+def test_sampling_controls_with_their_ranges():
+    s = completion(min_p=0.1, presence_penalty=-2, frequency_penalty=2, repetition_penalty=1.3,
+                   top_k=-1).sampling
+    assert (s.min_p, s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.top_k) == \
+        (0.1, -2.0, 2.0, 1.3, 0)
+    defaults = completion(min_p=0, presence_penalty=0, frequency_penalty=0, repetition_penalty=1)
+    assert defaults == completion()
+    for field, bad, words in [("min_p", 1.5, "a number from 0 to 1"),
+                              ("min_p", -0.1, "a number from 0 to 1"),
+                              ("presence_penalty", 2.5, "a number from -2 to 2"),
+                              ("frequency_penalty", -3, "a number from -2 to 2"),
+                              ("repetition_penalty", 0, "a number > 0"),
+                              ("repetition_penalty", -1, "a number > 0"),
+                              ("repetition_penalty", "1", "number"),
+                              ("top_k", -2, "an integer from -1")]:
+        expect(completion, **{field: bad}, param=field, match=words)
 
 
 VOCAB_SIZE = "the vocabulary size"  # the first id past the vocabulary, read from the model
@@ -272,31 +318,26 @@ def test_logit_bias_values_are_finite_numbers_in_range(bias):
     expect(completion, logit_bias={"5": bias}, param="logit_bias.5", match="-100 to 100")
 
 
-@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty"])
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "min_p",
+                                   "frequency_penalty", "repetition_penalty"])
 def test_an_integer_too_large_for_a_float_is_a_400(field):
     expect(completion, **{field: 10**400}, param=field)
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2), ("suffix", "x"),
-                                         ("presence_penalty", 0.5), ("frequency_penalty", -2),
-                                         ("min_p", 0.1), ("repetition_penalty", 1.2)])
+@pytest.mark.parametrize("field,value", [("best_of", 2), ("suffix", "x")])
 def test_other_unsupported_completion_fields(field, value):
     err = expect(completion, **{field: value}, param=field, match="not supported")
     assert err.code == "unsupported_parameter"
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("frequency_penalty", 3, "a number from -2 to 2"), ("min_p", 1.5, "a number from 0 to 1"),
-    ("repetition_penalty", 0, "a number > 0"), ("best_of", 21, "an integer from 1 to 20"),
-    ("logprobs", 6, "an integer from 0 to 5"), ("echo", 1, "true or false")])
+    ("best_of", 21, "an integer from 1 to 20"), ("suffix", 1, "a string")])
 def test_declared_fields_are_range_checked_before_they_are_refused(field, value, allowed):
     expect(completion, **{field: value}, param=field, match=f"must be {allowed}, got")
 
 
 def test_no_op_values_of_unsupported_fields_are_accepted():
-    no_ops = {"n": 1, "best_of": 1, "echo": False, "suffix": "", "presence_penalty": 0,
-              "frequency_penalty": 0.0, "min_p": 0, "repetition_penalty": 1, "logit_bias": {}}
-    assert completion(**no_ops) == completion()
+    assert completion(n=1, best_of=1, suffix="") == completion()
 
 
 def test_unsupported_chat_fields():
@@ -308,9 +349,6 @@ def test_unsupported_chat_fields():
     expect(chat, tool_choice="auto", param="tool_choice", match="needs `tools`")
     function = {"name": "f", "parameters": {"type": "object"}}
     expect(chat, functions=[function], param="functions", match="not supported")
-    expect(chat, logprobs=True, top_logprobs=21, param="top_logprobs",
-           match="an integer from 0 to 20")
-    expect(chat, top_logprobs=2, param="top_logprobs", match="needs `logprobs`")
     defaults = {"tools": [], "response_format": {"type": "text"}, "tool_choice": "none",
                 "store": False}
     assert chat(**defaults) == chat(), "the defaults are accepted"
