@@ -226,3 +226,21 @@ def test_top_k_chooses_among_the_tokens_the_grammar_allows(bundle: ModelBundle,
         engine.stop()
     assert got.last("k1").finish_reason == "stop"
     jsonschema.validate(json.loads(got.text("k1")), SCHEMA)
+
+
+def test_the_mask_comes_after_logit_bias_penalties_and_before_min_p(bundle: ModelBundle,
+                                                                     grammar: Grammar) -> None:
+    # A bias of +100 on a letter the grammar mostly refuses, penalties and min_p: the grammar
+    # still decides (the mask after the controls that change logits, before the filters).
+    engine, got = Engine(EngineConfig(), bundle), Collector()
+    engine.start()
+    try:
+        engine.submit(_request("ctl", prompt(10, 6), grammar, max_tokens=600, temperature=1.0,
+                               seed=6, min_p=0.5, presence_penalty=2.0,
+                               frequency_penalty=1.0, logit_bias=((ord("Q"), 100.0),)),
+                      got.sink)
+        got.wait("ctl")
+    finally:
+        engine.stop()
+    assert got.last("ctl").finish_reason == "stop"
+    jsonschema.validate(json.loads(got.text("ctl")), SCHEMA)
