@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # runtime/grammar.py imports MLX; this module must not
+    from runtime.grammar import Grammar
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 # Why a request ended before it finished: its client went away (or the caller gave up), the
@@ -24,13 +27,16 @@ AbortCause = Literal["client_disconnect", "server_shutdown", "error"]
 @dataclass(frozen=True)
 class GenerationRequest:
     """One request as the engine sees it: already tokenized and validated. `n` choices share
-    its prompt, prefilled once (choice j samples with `choice_sampling(sampling, j)`)."""
+    its prompt, prefilled once (choice j samples with `choice_sampling(sampling, j)`). With a
+    `grammar` (a compiled response format or forced tool call), every token each choice samples
+    is masked by it, each choice with a matcher of its own."""
 
     request_id: str
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_prompt: bool = True  # False: neither reuse a cached prefix nor leave one behind
     n: int = 1
+    grammar: Grammar | None = None
 
 
 # An odd constant near 2**64 / golden ratio (splitmix64's increment): seeds j apart stay apart.

@@ -5,14 +5,16 @@ publishing. Its time is modelled as a sum of non-negative costs, each tied to on
 
     fixed + per_slice * slices + per_row * rows + per_token * slice_tokens
           + per_row_key * row_keys + per_attended * sum(t * (c + (t + 1) / 2))
+          + per_constrained_row * constrained_rows
 
 where a decode row costs its share of the projections and MLP plus its sampling and publishing,
 a slice token only its share of the projections and MLP, `row_keys` is the (row, key) pairs the
 decode rows attend (in a padded batch each row as many keys as the longest; runtime/row_groups.py
-splits off rows far longer than the rest), and a slice of t tokens at context c attends
-c + 1 .. c + t keys per token. The coefficients are refitted by non-negative least squares,
-weighted for relative error, over the most recent ticks with slices and without (kept apart,
-so a long run of decode-only ticks does not push the slice ticks out).
+splits off rows far longer than the rest), a slice of t tokens at context c attends
+c + 1 .. c + t keys per token, and a constrained row (one a grammar masks: runtime/grammar.py)
+adds the mask's computation and application. The coefficients are refitted by non-negative
+least squares, weighted for relative error, over the most recent ticks with slices and without
+(kept apart, so a long run of decode-only ticks does not push the slice ticks out).
 
 The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
 measured/predicted over the recent ticks with slices (under the current fit), stays within it:
@@ -55,6 +57,7 @@ class TickShape:
 
     decode_contexts: tuple[int, ...] = ()  # cached tokens of each decode row
     slices: tuple[SliceShape, ...] = ()
+    constrained_rows: int = 0  # sampled rows (decode rows, ended prompts) a grammar masks
 
     @property
     def is_empty(self) -> bool:
@@ -65,7 +68,8 @@ class TickShape:
         row_keys = attended_pairs([c + 1 for c in self.decode_contexts])
         attended = sum(s.num_tokens * (s.context + (s.num_tokens + 1) / 2) for s in self.slices)
         tokens = sum(s.num_tokens for s in self.slices)
-        return np.array([1.0, len(self.slices), rows, tokens, row_keys, attended])
+        return np.array([1.0, len(self.slices), rows, tokens, row_keys, attended,
+                         self.constrained_rows])
 
 
 @dataclass(frozen=True)
@@ -117,12 +121,13 @@ class CostModel:
         if self._coef is None or self._since_fit >= every:
             self._fit()
 
-    def decode_step_p95_s(self, decode_contexts: Sequence[int]) -> float | None:
+    def decode_step_p95_s(self, decode_contexts: Sequence[int],
+                          constrained_rows: int = 0) -> float | None:
         """The 95th percentile of a decode-only tick over these rows, as this machine runs it
         now: the model's prediction times the 0.95-quantile of measured / predicted over the
         recent decode-only ticks (the noise of the machine and of the threads beside the
         engine, which a fit of the mean leaves out). None until something is measured."""
-        predicted = self.predict_s(TickShape(tuple(decode_contexts)))
+        predicted = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows))
         if predicted is None or self._coef is None:
             return predicted
         recent = list(self._without)
@@ -137,16 +142,17 @@ class CostModel:
         return self._margin
 
     def slice_tokens_within(self, seconds: float, decode_contexts: Sequence[int],
-                            context: int, most: int) -> int:
+                            context: int, most: int, constrained_rows: int = 0) -> int:
         """The most prompt tokens (<= `most`) that one slice at `context` can run next to the
-        decode rows in `seconds`; 0 while nothing has been measured."""
+        decode rows (`constrained_rows` of them masked by a grammar) in `seconds`; 0 while
+        nothing has been measured."""
         coef = self._coef
         if coef is None:
             return 0
         rows, margin = tuple(decode_contexts), self.margin()
 
         def fits(tokens: int) -> bool:
-            shape = TickShape(rows, (SliceShape(tokens, context),))
+            shape = TickShape(rows, (SliceShape(tokens, context),), constrained_rows)
             return float(shape.features() @ coef) * margin <= seconds
 
         low, high = 0, min(most, 2 * max(1, self._largest_met))

@@ -30,6 +30,7 @@ from runtime.api import (
 from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.executor import Executor, SliceWork
+from runtime.grammar import GrammarCompiler, make_grammar_compiler
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
@@ -43,6 +44,9 @@ from statemachine.trace import TickRecord, TraceEvent, TraceLog
 from statemachine.world import Layout, Plan, admissible
 
 log = logging.getLogger("fairtick.engine")
+GRAMMAR_ENDS_OUTPUT = ("min_tokens and ignore_eos cannot be used with a grammar "
+                       "(response_format or a forced tool_choice): the grammar decides where the "
+                       "output ends")
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class Engine:
         self._stopping = threading.Event()
         self._accepting = True
         self.error: BaseException | None = None
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
 
     # -- callers' side ---------------------------------------------------------------------
     @property
@@ -117,6 +123,14 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer, built on first use (any thread)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = make_grammar_compiler(self.bundle)
+            return self._grammars
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -158,6 +172,9 @@ class Engine:
             raise ValueError("the prompt is empty: send at least one token")
         if not isinstance(request.n, int) or isinstance(request.n, bool) or request.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {request.n!r}")
+        if request.grammar is not None and (request.sampling.ignore_eos or
+                                            request.sampling.min_tokens):
+            raise ValueError(GRAMMAR_ENDS_OUTPUT)
         check_context(len(request.prompt_tokens), request.sampling.max_tokens,
                       self.bundle.context_length)
         request.sampling.validate().check_vocabulary(self.bundle.vocab_size)
@@ -248,7 +265,7 @@ class Engine:
                                           request.sampling.max_tokens, request.request_id,
                                           cached=live.num_cached)
                 self.executor.add(live.seq_id, request.prompt_tokens, request.sampling,
-                                  prefix=prefix, forks=request.n > 1)
+                                  prefix=prefix, forks=request.n > 1, grammar=request.grammar)
             elif kind == "abort":
                 request_id, cause = item
                 for seq_id in list(self._by_request.get(request_id, ())):
@@ -293,12 +310,13 @@ class Engine:
         if not state.num_decoding or not state.parked or expr is None:
             return chunk
         rows = self.executor.decode_contexts()
-        decode_s = self.costs.decode_step_p95_s(rows)
+        constrained = self.executor.num_constrained_decoding()
+        decode_s = self.costs.decode_step_p95_s(rows, constrained)
         if decode_s is None:
             return 0
         self._target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
         context = max(self.executor.num_cached(p.seq_id) for p in state.parked)
-        return self.costs.slice_tokens_within(self._target_s, rows, context, chunk)
+        return self.costs.slice_tokens_within(self._target_s, rows, context, chunk, constrained)
 
     def _preempt(self, plan: Plan) -> None:
         # A preempted sequence drops its KV (re-prefilled later from prompt + output); a
@@ -313,10 +331,16 @@ class Engine:
                     self.executor.evict(event.seq_id)
 
     def _shape(self, plan: Plan) -> TickShape:
-        cached = self.executor.num_cached
-        return TickShape(tuple(cached(s) for s in plan.decode if s in self.executor),
-                         tuple(SliceShape(w.num_tokens, cached(w.seq_id))
-                               for w in plan.prefills if w.seq_id in self.executor))
+        ex = self.executor
+        decode = [s for s in plan.decode if s in ex]
+        prefills = [w for w in plan.prefills if w.seq_id in ex]
+        # Rows a grammar masks: constrained decode rows and constrained prompts this tick ends.
+        constrained = sum(ex.is_constrained(s) for s in decode) + sum(
+            ex.is_constrained(w.seq_id) for w in prefills if w.num_tokens >= ex.prompt_left(
+                w.seq_id))
+        return TickShape(tuple(ex.num_cached(s) for s in decode),
+                         tuple(SliceShape(w.num_tokens, ex.num_cached(w.seq_id))
+                               for w in prefills), constrained)
 
     def _execute(self, plan: Plan) -> list[int]:
         # The tick is one executor call. If it fails, the executor has left every sequence as
@@ -381,7 +405,8 @@ class Engine:
             if forked:
                 born.append((child.seq_id, sampling))
             else:
-                self.executor.add(child.seq_id, request.prompt_tokens, sampling)
+                self.executor.add(child.seq_id, request.prompt_tokens, sampling,
+                                  grammar=request.grammar)
         try:
             tokens = self.executor.fork(live.seq_id, born)
         except Exception as exc:  # noqa: BLE001

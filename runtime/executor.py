@@ -15,6 +15,12 @@ trimmed by one token, sampling states put back).
 Sampling runs per row inside the batched step (runtime/row_sampling.py); log-probabilities,
 when asked for, come with the tokens (`take_logprobs`), and a prompt whose tokens' own are asked
 for (echo) has its slices' logits computed at every position in the same forward.
+
+A sequence with a grammar (structured output, runtime/grammar.py) has its own matcher: each row
+it samples gets the matcher's next-token mask, which the sampler applies after the other
+controls and before the draw (`token_masks` handed to the sampler: the one place a grammar
+touches sampling); the drawn token is checked before the tick commits and advances the matcher
+at commit. No step is queued ahead while a row is constrained: its next mask needs this token.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
+from runtime.grammar import Grammar, token_masks
 from runtime.limits import check_context
 from runtime.logprobs import Sampled, Token, TokenLogprob
 from runtime.model import ModelBundle
@@ -80,10 +87,12 @@ class Executor:
         self._batch = DecodeBatch(self._seqs)
 
     def add(self, seq_id: int, prompt_tokens: Sequence[int], sampling: SamplingParams,
-            prefix: CachedPrefix | None = None, forks: bool = False) -> None:
+            prefix: CachedPrefix | None = None, forks: bool = False,
+            grammar: Grammar | None = None) -> None:
         """Register a sequence; its prompt runs through `run`'s prefill slices, after the
         `prefix` of it found in the prefix cache (at most all its tokens but the last). With
-        `forks`, the logits its prompt ends with are kept for `fork` (a request with `n` > 1)."""
+        `forks`, the logits its prompt ends with are kept for `fork` (a request with `n` > 1).
+        With a `grammar`, every token it samples is masked by it (runtime/grammar.py)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt_tokens) == 0:
@@ -94,6 +103,7 @@ class Executor:
         cache = make_prompt_cache(self.model)
         seq = SeqState(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
         seq.forks = forks
+        seq.matcher = grammar.new_matcher() if grammar is not None else None
         if prefix is not None:
             self._start_from(seq, prefix)
         self._seqs[seq_id] = seq
@@ -113,6 +123,14 @@ class Executor:
     def num_cached(self, seq_id: int) -> int:
         """Tokens of the sequence in its KV cache: the context its next forward attends to."""
         return self._get(seq_id).num_cached
+
+    def is_constrained(self, seq_id: int) -> bool:
+        """Whether the sequence's tokens are masked by a grammar."""
+        return self._get(seq_id).matcher is not None
+
+    def num_constrained_decoding(self) -> int:
+        """Sequences that have finished their prompt (may decode) and carry a grammar."""
+        return sum(1 for s in self._seqs.values() if s.can_decode and s.matcher is not None)
 
     def decode_contexts(self) -> list[int]:
         """`num_cached` of every sequence that has finished its prompt (may decode)."""
@@ -153,6 +171,12 @@ class Executor:
                     [seq.first_logits for seq, _ in slices if seq.first_logits is not None])
             decoded = rows.to_host([s.sampler.params.logprobs for s in batch]) if rows else []
             found = {seq_id: o.to_host(self._seqs[seq_id]) for seq_id, o in outputs.items()}
+            # A token a grammar refuses fails the tick, which is undone: nothing committed yet.
+            for seq, token in zip(batch, decoded, strict=True):
+                seq.check_token(token[0])
+            for seq_id, (first, _) in found.items():
+                if first is not None:
+                    self._seqs[seq_id].check_token(first[0])
         return self._commit(batch, decoded, slices, found)
 
     def take_logprobs(self) -> tuple[dict[int, TokenLogprob],
@@ -173,7 +197,9 @@ class Executor:
         the tick in which its prompt gave its first token: each starts on a copy of its KV
         cache (runtime/cache_fork.py: nothing is computed again) and draws its own first token,
         with its own sampler (its own PRNG key, no tokens counted yet), from the logits that
-        prompt ended with, and has the prompt's log-probabilities if it asked for them. Returns
+        prompt ended with (and its own grammar matcher, at the start of the output, if the
+        prompt's sequence has one), and has the prompt's log-probabilities if it asked for them.
+        Returns
         each child's first token (its log-probabilities: `take_logprobs`). The kept logits are
         dropped: call it once, with no children if none are wanted."""
         parent = self._get(seq_id)
@@ -189,11 +215,15 @@ class Executor:
             sampler = self._sampler(sampling.validate(), parent.prompt)
             child = SeqState(child_id, parent.prompt, sampler, fork_cache(parent.cache))
             child.num_prefilled, child.num_cached = len(child.tokens), parent.num_cached
-            made.append((child, sampler.sample(logits, 0)))
+            # Its own matcher, at the start of the output (the parent's took its first token).
+            child.matcher = parent.matcher.grammar.new_matcher() if parent.matcher else None
+            made.append((child, sampler.sample(logits, 0, token_masks(logits, [child.matcher]))))
         mx.eval([sampled.arrays() for _, sampled in made],
                 [child.sampler.state.arrays() for child, _ in made])
-        for child, sampled in made:
-            first = sampled.to_host([child.sampler.params.logprobs])[0]
+        firsts = [sampled.to_host([child.sampler.params.logprobs])[0] for child, sampled in made]
+        for (child, _), first in zip(made, firsts, strict=True):
+            child.check_token(first[0])
+        for (child, _), first in zip(made, firsts, strict=True):
             child.commit_slice(0, first, parent.prompt_logprobs)
             self._seqs[child.seq_id] = child
         return {child.seq_id: child.generated[0] for child, _ in made}
@@ -328,8 +358,10 @@ class Executor:
         # what was returned. The rows' sampling state moves on.
         assert logits is not None and self._batch.state is not None
         steps = [len(s.generated) + ahead for s in batch]
+        rows = logits[: len(batch)]
         sampled, self._batch.state = sample_batch(
-            logits[: len(batch)], [s.sampler for s in batch], steps, self._batch.state)
+            rows, [s.sampler for s in batch], steps, self._batch.state,
+            token_masks(rows, [s.matcher for s in batch]))
         return sampled
 
     def _queue_ahead(self, batch: list[SeqState], rows: Sampled) -> None:
@@ -343,7 +375,10 @@ class Executor:
 
     def _can_run_ahead(self, batch: list[SeqState]) -> bool:
         # Not while a sequence outside the batch may need the next tick (its work would queue
-        # behind this step), nor past every max_tokens.
+        # behind this step), nor past every max_tokens, nor with a grammar (its next mask needs
+        # this step's token).
+        if any(s.matcher is not None for s in batch):
+            return False
         return len(batch) == len(self._seqs) and any(
             len(s.generated) + 1 < s.sampler.params.max_tokens for s in batch
         )

@@ -104,6 +104,8 @@ DEFAULT_CHAT_MAX_TOKENS = 2048
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
+MAX_TOOLS = 128  # functions offered in one chat request (OpenAI's limit)
+MAX_SCHEMA_CHARS = 256 * 1024  # a response format's or a function's schema, as JSON
 
 # Choices and log-probabilities (OpenAI's ranges, but `n` at most MAX_N per prompt).
 MAX_N = 64  # choices of one prompt (`n`), sharing its prefill

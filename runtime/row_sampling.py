@@ -7,6 +7,9 @@ controls the rows ask for; no Python loop runs over the rows' vocabularies. In o
    positive, multiplied when negative; seen = in the prompt or generated), `frequency_penalty`
    and `presence_penalty` (OpenAI's: minus count x frequency, minus presence if count > 0, over
    the tokens generated so far), EOS masked where `min_tokens`/`ignore_eos` ask;
+   then a grammar's mask (`allowed`, structured output: runtime/grammar.py), last of the
+   controls, so what follows chooses among the tokens the grammar allows (a truncation first
+   could keep none of them);
 2. greedy rows (temperature 0) take the argmax of these logits;
 3. the others: `top_p` (mlx-lm's `apply_top_p`, given per-row values), `min_p`, `top_k`
    (mlx-lm's order: on the distribution before temperature; ties with the k-th token are
@@ -87,12 +90,17 @@ def prompt_state(key: mx.array, prompt: Sequence[int], params: SamplingParams,
 
 
 def sample_rows(logits: mx.array, params: Sequence[SamplingParams], state: RowState,
-                eos_row: mx.array | None, blocked: Sequence[bool]) -> tuple[Sampled, RowState]:
+                eos_row: mx.array | None, blocked: Sequence[bool],
+                allowed: mx.array | None = None) -> tuple[Sampled, RowState]:
     """Row i's token under params[i] from logits (B, vocab) and its state; the state after it.
-    `eos_row` (vocab,) holds -inf at the EOS ids; it is added to the rows where `blocked`."""
+    `eos_row` (vocab,) holds -inf at the EOS ids; it is added to the rows where `blocked`.
+    `allowed` (B, vocab), when given, is a grammar's mask: a False token cannot be drawn. The
+    log-probabilities are the raw logits' (unmasked), as for every other control."""
     x = _processed(logits, params, state)
     if eos_row is not None and any(blocked):
         x = mx.where(mx.array(blocked)[:, None], x + eos_row, x)
+    if allowed is not None:
+        x = mx.where(allowed, x, -mx.inf)
     tokens = mx.argmax(x, axis=-1)
     keys = state.keys
     if not all(p.is_greedy for p in params):

@@ -42,17 +42,18 @@ class SequenceSampler:
             return None
         return mx.zeros((vocab_size,)).at[self._eos].add(-mx.inf)
 
-    def sample(self, logits: mx.array, step: int) -> Sampled:
-        """The token (and log-probabilities, if asked) for `logits` of shape (1, vocab); the
-        sampler's state moves on past it."""
-        sampled, self.state = sample_batch(logits, [self], [step], self.state)
+    def sample(self, logits: mx.array, step: int, allowed: mx.array | None = None) -> Sampled:
+        """The token (and log-probabilities, if asked) for `logits` of shape (1, vocab), among
+        the `allowed` ones if a grammar's mask is given; the sampler's state moves on past it."""
+        sampled, self.state = sample_batch(logits, [self], [step], self.state, allowed)
         return sampled
 
 
 def sample_batch(logits: mx.array, samplers: Sequence[SequenceSampler], steps: Sequence[int],
-                 state: RowState) -> tuple[Sampled, RowState]:
+                 state: RowState, allowed: mx.array | None = None) -> tuple[Sampled, RowState]:
     """Tokens (lazy) for a batch of logits (B, vocab), row i by samplers[i] at its token index
-    steps[i], from the rows' sampling `state`; the state after them."""
+    steps[i], from the rows' sampling `state` (and among the tokens `allowed` (B, vocab) by the
+    rows' grammars, when given); the state after them."""
     blocked = [s.blocks_eos(n) for s, n in zip(samplers, steps, strict=True)]
     eos_row = samplers[0].eos_row(logits.shape[-1]) if any(blocked) else None
-    return sample_rows(logits, [s.params for s in samplers], state, eos_row, blocked)
+    return sample_rows(logits, [s.params for s in samplers], state, eos_row, blocked, allowed)

@@ -1,5 +1,5 @@
-"""One sequence as the executor holds it: its tokens, cache and sampler, and what a prefill
-slice of it computed (its first token, its prompt tokens' log-probabilities)."""
+"""One sequence as the executor holds it: its tokens, cache, sampler and grammar matcher, and
+what a prefill slice of it computed (its first token, its prompt tokens' log-probabilities)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.fused import Segment
+from runtime.grammar import GrammarMatcher, token_masks
 from runtime.logprobs import LogprobArrays, Sampled, Token, TokenLogprob, prompt_logprob_arrays
 from runtime.sampling import SequenceSampler
 
@@ -18,7 +19,7 @@ class SeqState:
 
     __slots__ = ("seq_id", "prompt", "tokens", "num_prefilled", "num_cached", "sampler", "cache",
                  "generated", "forks", "first_logits", "prompt_logprobs", "prompt_logprobs_sent",
-                 "sent_logprob", "sent_prompt_logprobs")
+                 "sent_logprob", "sent_prompt_logprobs", "matcher")
 
     def __init__(self, seq_id: int, prompt: list[int], sampler: SequenceSampler,
                  cache: list[Any]) -> None:
@@ -38,6 +39,8 @@ class SeqState:
         # What the latest committed tick gives the caller (Executor.take_logprobs).
         self.sent_logprob: TokenLogprob | None = None
         self.sent_prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+        # Where the output is in its grammar (None: unconstrained); each token advances it.
+        self.matcher: GrammarMatcher | None = None
 
     @property
     def can_decode(self) -> bool:
@@ -63,7 +66,8 @@ class SeqState:
         if self.num_prefilled + num_tokens == len(self.tokens):
             if self.forks and not self.generated:
                 self.first_logits = logits[-1:]
-            first = self.sampler.sample(logits[-1:], len(self.generated))
+            first = self.sampler.sample(logits[-1:], len(self.generated),
+                                        token_masks(logits[-1:], [self.matcher]))
         if not every:
             return SliceOutput(first)
         known = len(self.prompt_logprobs)
@@ -91,7 +95,14 @@ class SeqState:
             self.prompt_logprobs_sent = True
             self.sent_prompt_logprobs = tuple(self.prompt_logprobs)
 
+    def check_token(self, token: int) -> None:
+        """Raise unless its grammar (if any) allows `token` next: before a tick commits."""
+        if self.matcher is not None:
+            self.matcher.check_token(token)
+
     def _append(self, token: Token) -> None:
+        if self.matcher is not None:
+            self.matcher.consume(token[0])
         self.generated.append(token[0])
         self.sent_logprob = token[1]
 

@@ -2,7 +2,8 @@
 
 `CompletionBody` (/v1/completions) and `ChatBody` (/v1/chat/completions) declare every field of
 OpenAI's API and the vLLM extensions clients send, with the ranges of runtime/limits.py: the
-models check shapes and ranges only. Fields the engine does not do yet are declared like the
+models check shapes and ranges only (server/response_format.py and server/tool_request.py check
+what the grammar fields mean together). Fields the engine does not do yet are declared like the
 rest and refused afterwards by server/unimplemented.py; unknown fields are kept aside, ignored
 and reported (ADR 0010). Token ids are checked against the vocabulary when validation is given
 `context={"vocab_size": N}` (`VOCAB`). The JSON schema of each model (`model_json_schema()`)
@@ -11,6 +12,7 @@ drives the body fuzz (scripts/reliabilitylib/bodies.py).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, Tag, ValidationInfo, WithJsonSchema
@@ -45,7 +47,20 @@ def _token_id_key(key: str, info: ValidationInfo) -> str:
     return key
 
 
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _openai_name(name: str) -> str:
+    # OpenAI's rule for the names of schemas and functions.
+    if not _NAME.fullmatch(name):
+        shown = name if len(name) <= 70 else name[:67] + "..."
+        raise ValueError(f"must be 1 to 64 letters, digits, '_' or '-', got {shown!r}")
+    return name
+
+
 TokenId = Annotated[int, AfterValidator(_in_vocabulary)]
+Name = Annotated[str, AfterValidator(_openai_name),
+                 WithJsonSchema({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"})]
 TokenIdKey = Annotated[str, AfterValidator(_token_id_key),
                        WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,10}$"})]
 Temperature = _number(limits.TEMPERATURE)
@@ -71,6 +86,30 @@ class StreamOptions(Strict):
     include_usage: bool | None = None
 
 
+class JsonSchemaFormat(Strict):
+    name: Name
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")  # OpenAI's is optional; a grammar needs it
+    strict: bool | None = None  # the schema is enforced whatever it says
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
+                           Field(discriminator="type")]
+
+
 class GenerationBody(Strict):
     """The fields /v1/completions and /v1/chat/completions share."""
 
@@ -94,6 +133,7 @@ class GenerationBody(Strict):
     # llama.cpp's name: false opts the request out of the prefix cache (runtime/prefix_cache.py)
     cache_prompt: bool | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None  # a grammar: server/response_format.py
 
 
 def _prompt_kind(value: Any) -> str | None:
@@ -132,32 +172,8 @@ class CompletionBody(GenerationBody):
     suffix: str | None = None
 
 
-class JsonSchemaFormat(Strict):
-    name: str
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class TextFormat(Strict):
-    type: Literal["text"]
-
-
-class JsonObjectFormat(Strict):
-    type: Literal["json_object"]
-
-
-class JsonSchemaResponseFormat(Strict):
-    type: Literal["json_schema"]
-    json_schema: JsonSchemaFormat
-
-
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
-                           Field(discriminator="type")]
-
-
 class FunctionDef(Strict):
-    name: str
+    name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -195,8 +211,7 @@ class ChatBody(GenerationBody):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=limits.MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDef] | None = None  # OpenAI's deprecated `tools`

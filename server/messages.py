@@ -2,9 +2,10 @@
 
 Each role has its own model, chosen by `role` (a bad role is one error naming
 `messages[i].role` and the roles allowed). Content is a string or a list of parts chosen by
-`type`. Image, audio, file and refusal parts and tool calls are declared so that their shapes are
-checked; server/unimplemented.py then refuses them (the engine takes text only).
-`prompt_messages` turns accepted messages into the role/text pairs a chat template takes.
+`type`. Image, audio, file and refusal parts are declared so that their shapes are checked;
+server/unimplemented.py then refuses them (the engine takes text only). An assistant turn's
+`tool_calls` and `tool` turns are taken.
+`prompt_messages` turns accepted messages into the dicts a chat template takes.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ AssistantContent = Annotated[
 
 class FunctionCall(Strict):
     name: str
-    arguments: str  # JSON text, as OpenAI sends it
+    arguments: str  # JSON text, as OpenAI sends it (server/tool_request.py checks it is an object)
 
 
 class ToolCall(Strict):
@@ -154,7 +155,19 @@ def message_text(message: Message) -> str:
     return "".join(part.text for part in content if isinstance(part, TextPart))
 
 
-def prompt_messages(messages: list[Message]) -> list[dict[str, str]]:
-    """Role/text pairs for a chat template; `developer` is OpenAI's newer name for `system`."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": message_text(m)}
-            for m in messages]
+def prompt_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Role and text of each message for a chat template (`developer` is OpenAI's newer name
+    for `system`), with an assistant turn's `tool_calls` in OpenAI's shape and a tool turn's
+    `tool_call_id` (server/tool_request.py `chat_inputs` renders them for the template)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                "content": message_text(m)}
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            item["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments}}
+                for c in m.tool_calls]
+        if isinstance(m, ToolMessage) and m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
+        out.append(item)
+    return out

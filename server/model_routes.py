@@ -4,8 +4,9 @@
 returns one (404 in OpenAI's shape for any other id). `POST /tokenize` and `POST /detokenize`
 follow vLLM's shapes: `{"prompt"}` or `{"messages"}` -> `{"count", "max_model_len", "tokens"}`
 (plus `token_strs` when `return_token_strs` asks), `{"tokens"}` -> `{"prompt"}`. Messages become
-tokens exactly as the chat endpoint turns them into its prompt, so `count` is the
-`usage.prompt_tokens` a chat request with those messages reports. The bodies are models of
+tokens exactly as the chat endpoint turns them into its prompt (with the `tools` offered, as a
+chat with `tool_choice` "auto" offers them), so `count` is the `usage.prompt_tokens` a chat
+request with those messages and tools reports. The bodies are models of
 server/body_models.py; unknown fields are ignored and named in `fairtick-ignored-fields`, as
 on the generation endpoints. `GET /version` is fairtick's package version.
 """
@@ -24,6 +25,7 @@ from server.body_reading import Body, ignored_fields, ignored_header, log_ignore
 from server.errors import invalid
 from server.messages import prompt_messages
 from server.prompts import TokenizerEncoder
+from server.tool_request import chat_inputs, read_tool_request
 from server.unimplemented import declared, refuse_unimplemented
 from server.validation import ModelLimits, check_model_name, parse_body
 
@@ -100,11 +102,13 @@ def _tokenize_prompt(body: TokenizeBody, encoder: TokenizerEncoder) -> list[int]
 
 
 def _tokenize_messages(body: TokenizeBody, encoder: TokenizerEncoder) -> list[int]:
-    messages = prompt_messages(body.messages or [])
+    messages, tools = chat_inputs(prompt_messages(body.messages or []), read_tool_request(body),
+                                  encoder.chat_template)
     add_generation_prompt = body.add_generation_prompt is not False
     # Absent: what the chat endpoint does (TokenizerEncoder.encode_chat).
     try:
-        return encoder.encode_chat(messages, add_generation_prompt, body.add_special_tokens)
+        return encoder.encode_chat(messages, add_generation_prompt, body.add_special_tokens,
+                                   tools)
     except Exception as exc:  # a template can fail on any content it does not expect
         raise invalid(f"could not apply the chat template: {exc}", "messages") from None
 

@@ -1,4 +1,5 @@
-"""OpenAI response shapes for completions and chat, whole and as server-sent-event chunks."""
+"""OpenAI response shapes for completions and chat, whole and as server-sent-event chunks (chat
+with the tool calls read from the output: `tool_calls` in the message or in deltas)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+from server.tool_calls import ToolCall
 
 
 @dataclass(frozen=True)
@@ -26,13 +29,27 @@ def make_header(kind: str, model: str) -> ResponseHeader:
 
 @dataclass(frozen=True)
 class Choice:
-    """One finished choice of a whole response: its index, text, finish reason and
-    log-probabilities (server/logprobs_format.py; None when not asked for)."""
+    """One finished choice of a whole response: its index, text (a chat's content: None when
+    tool calls left none), finish reason, log-probabilities (server/logprobs_format.py; None when
+    not asked for) and the tool calls read from it."""
 
     index: int
-    text: str
+    text: str | None
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
+    calls: tuple[ToolCall, ...] = ()
+
+
+def finish_reason(reason: str | None, num_calls: int) -> str | None:
+    """OpenAI's reason: "tool_calls" when the output ended with calls read from it."""
+    return "tool_calls" if num_calls and reason == "stop" else reason
+
+
+def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A call in a message, or (with `index`, its place among the choice's calls) in a delta."""
+    out = {"id": call.id, "type": "function",
+           "function": {"name": call.name, "arguments": call.arguments}}
+    return out if index is None else {"index": index, **out}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
@@ -57,11 +74,14 @@ def full_body(header: ResponseHeader, choices: list[Choice],
     out = []
     for c in sorted(choices, key=lambda c: c.index):
         choice: dict[str, Any] = {"index": c.index, "logprobs": c.logprobs,
-                                  "finish_reason": c.finish_reason}
+                                  "finish_reason": finish_reason(c.finish_reason, len(c.calls))}
         if header.kind == "completion":
             out.append({**choice, "text": c.text})
-        else:
-            out.append({**choice, "message": {"role": "assistant", "content": c.text}})
+            continue
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        if c.calls:
+            message["tool_calls"] = [tool_call(call) for call in c.calls]
+        out.append({**choice, "message": message})
     obj = "text_completion" if header.kind == "completion" else "chat.completion"
     return {**_envelope(header, obj, out), "usage": counts}
 
@@ -79,6 +99,15 @@ def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
     else:
         delta = {"content": text} if text else {}
     return _envelope(header, "chat.completion.chunk", [{**choice, "delta": delta}])
+
+
+def call_chunk(header: ResponseHeader, call: ToolCall, call_index: int,
+               index: int = 0) -> dict[str, Any]:
+    """A streamed chat chunk of choice `index` carrying one whole tool call (its arguments in
+    one piece), the choice's `call_index`-th."""
+    choice = {"index": index, "logprobs": None, "finish_reason": None,
+              "delta": {"tool_calls": [tool_call(call, call_index)]}}
+    return _envelope(header, "chat.completion.chunk", [choice])
 
 
 def usage_chunk(header: ResponseHeader, counts: dict[str, int]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ ending with its own finish chunk, then `data: [DONE]`. Each choice carries its o
 log-probabilities and echoed prompt when asked for (server/logprobs_format.py): whole, or with
 the chunks of its tokens. The `finally` around the relay aborts every choice when the client
 goes away before they finished. Unknown fields in a body are ignored; the response names them in
-`fairtick-ignored-fields` (ADR 0010).
+`fairtick-ignored-fields` (ADR 0010). A response format or a forced tool choice is compiled into
+a grammar on a worker thread before submission; with tools offered, each choice's output is read
+for calls (server/tool_calls.py), whole or as it streams.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sanic import Blueprint, Request
 from sanic.response import HTTPResponse, JSONResponse, json
@@ -25,8 +27,13 @@ from server import openai_format as fmt
 from server.body_reading import ignored_header, log_ignored
 from server.errors import ApiError
 from server.logprobs_format import ChoiceLogprobs, choice_logprobs
+from server.response_format import compile_off_loop, compile_response_format
 from server.streams import EventStream, engine_unavailable
+from server.tool_calls import ToolCall, ToolCallStream, compile_tool_calls, parse_tool_calls
 from server.validation import Kind, ValidRequest, parse_body, validate_request
+
+if TYPE_CHECKING:
+    from runtime.grammar import Grammar
 
 log = logging.getLogger("fairtick.server")
 
@@ -54,10 +61,11 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     body = parse_body(request.body, request.headers.get("content-type"),
                       ctx.config.max_body_bytes)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
+    grammar = await _compile_grammar(ctx.engine, valid)
     header = fmt.make_header(kind, ctx.limits.name)
     log_ignored(header.request_id, valid.ignored)
     logprobs = choice_logprobs(valid, ctx.encoder.tokenizer)  # each choice's formatter, if asked
-    stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid))
+    stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid, grammar))
     stream.submit("prompt" if kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
@@ -74,12 +82,23 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
         stream.close(cause)
 
 
-def engine_requests(request_id: str, valid: ValidRequest) -> list[GenerationRequest]:
-    """One engine request per prompt, each with the request's `n` choices."""
+def engine_requests(request_id: str, valid: ValidRequest,
+                    grammar: Grammar | None = None) -> list[GenerationRequest]:
+    """One engine request per prompt, each with the request's `n` choices (and its grammar:
+    each choice gets a matcher of its own)."""
     many = len(valid.prompts) > 1
     return [GenerationRequest(f"{request_id}-{i}" if many else request_id, p.tokens, p.sampling,
-                              n=valid.n, cache_prompt=valid.cache_prompt)
+                              n=valid.n, cache_prompt=valid.cache_prompt, grammar=grammar)
             for i, p in enumerate(valid.prompts)]
+
+
+async def _compile_grammar(engine: Any, valid: ValidRequest) -> Grammar | None:
+    # A response format, or a forced tool choice; "auto" tools only check their parameters.
+    tools = valid.tools
+    if tools is None:
+        return await compile_response_format(engine, valid.response_format)
+    return await compile_off_loop(lambda: compile_tool_calls(
+        engine.grammars, list(tools.functions), tools.choice, tools.parallel))
 
 
 def _usage(valid: ValidRequest, last: Iterable[TokenEvent]) -> dict[str, Any]:
@@ -103,11 +122,19 @@ async def _collect(stream: EventStream, header: fmt.ResponseHeader, valid: Valid
         if event.finish_reason is not None:
             _raise_if_failed(stream, event)
             last[event.index] = event
-    choices = [fmt.Choice(i, "".join(parts[i]), e.finish_reason,
-                          logprobs[i].flush() if i in logprobs else None)
+    choices = [_choice(i, "".join(parts[i]), e, valid,
+                       logprobs[i].flush() if i in logprobs else None)
                for i, e in last.items()]
     return json(fmt.full_body(header, choices, _usage(valid, last.values())),
                 headers=ignored_header(list(valid.ignored)))
+
+
+def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest,
+            logprobs: dict[str, Any] | None) -> fmt.Choice:
+    if valid.tools is None:
+        return fmt.Choice(index, text, last.finish_reason, logprobs)
+    content, calls = parse_tool_calls(text, valid.tools.names)
+    return fmt.Choice(index, content, last.finish_reason, logprobs, tuple(calls))
 
 
 def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
@@ -133,6 +160,9 @@ async def _relay_sse(
         for index in range(stream.num_choices):
             await response.send(fmt.sse(fmt.chunk(header, None, None, index)))
     last: dict[int, TokenEvent] = {}
+    names = valid.tools.names if valid.tools is not None else None
+    readers = {i: ToolCallStream(names) for i in range(stream.num_choices)} if names else {}
+    num_calls = dict.fromkeys(range(stream.num_choices), 0)
     async for event in stream.events():
         choice = logprobs.get(event.index)
         if choice is not None:
@@ -141,9 +171,20 @@ async def _relay_sse(
                 await response.send(fmt.sse(fmt.chunk(header, echo, None, event.index,
                                                       choice.flush())))
             choice.take(event)
-        if event.text:
-            await response.send(fmt.sse(fmt.chunk(header, event.text, None, event.index,
-                                                  _taken(choice))))
+        reader = readers.get(event.index)
+        parts: list[str | ToolCall] = [event.text] if reader is None else reader.feed(event.text)
+        if reader is not None and event.finish_reason is not None:
+            parts += reader.finish()
+        # A content chunk carries the log-probabilities taken since its choice's last chunk (a
+        # call's tokens: with the next content or finish chunk).
+        for part in parts:
+            if isinstance(part, ToolCall):
+                await response.send(fmt.sse(fmt.call_chunk(header, part, num_calls[event.index],
+                                                           event.index)))
+                num_calls[event.index] += 1
+            elif part:
+                await response.send(fmt.sse(fmt.chunk(header, part, None, event.index,
+                                                      _taken(choice))))
         if event.finish_reason is None:
             continue
         try:
@@ -152,8 +193,8 @@ async def _relay_sse(
             await response.send(fmt.sse(exc.to_body()))
             break
         last[event.index] = event
-        await response.send(fmt.sse(fmt.chunk(header, "", event.finish_reason, event.index,
-                                              _taken(choice))))
+        reason = fmt.finish_reason(event.finish_reason, num_calls[event.index])
+        await response.send(fmt.sse(fmt.chunk(header, "", reason, event.index, _taken(choice))))
     else:
         if valid.include_usage:
             await response.send(fmt.sse(fmt.usage_chunk(header, _usage(valid, last.values()))))

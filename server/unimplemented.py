@@ -4,9 +4,10 @@ The models (server/body_models.py, server/messages.py) accept these fields in Op
 ranges; `refuse_unimplemented` then answers a body that asks for one with anything but its
 no-op value with a 400 `unsupported_parameter` naming it. What is refused: the fields of
 `NOT_YET`, a completions `best_of` other than `n`, and in chat messages content parts other
-than text and tool calls (`_unsupported_in_message`). To implement one: delete its row or clause
-here and read the field where the body becomes work (server/sampling_fields.py
-`sampling_params` for a sampling control), with a test that it changes what is generated.
+than text and the deprecated `function_call` (`_unsupported_in_message`). To implement one:
+delete its row or clause here and read the field where the body becomes work
+(server/sampling_fields.py `sampling_params` for a sampling control), with a test that it
+changes what is generated.
 """
 
 from __future__ import annotations
@@ -48,9 +49,6 @@ def _one(kind: str) -> frozenset[str]:
 
 NOT_YET: tuple[NotYet, ...] = (
     NotYet(_one(COMPLETION), "suffix", ""),
-    NotYet(_one(CHAT), "response_format", {"type": "text"}),
-    NotYet(frozenset({CHAT, TOKENIZE}), "tools", []),
-    NotYet(_one(CHAT), "tool_choice", "none"),
     NotYet(_one(CHAT), "functions", []),
     NotYet(_one(CHAT), "function_call", "none"),
     NotYet(_one(TOKENIZE), "continue_final_message", False),
@@ -87,19 +85,15 @@ def declared(body: BaseModel, name: str) -> Any:
 
 def _unsupported_in_message(message: Any, param: str) -> Iterator[tuple[str, str]]:
     """(param, why) for what a message holds that the engine does not take: content parts
-    other than text, tool calls."""
+    other than text, the deprecated `function_call` (`tool_calls` are taken)."""
     if isinstance(message.content, list):
         for index, part in enumerate(message.content):
             if not isinstance(part, TextPart):
                 yield (f"{param}.content[{index}]", f"is a {part.type!r} part; this server "
                        "takes only text parts ({\"type\": \"text\", \"text\": ...})")
-    if isinstance(message, AssistantMessage):
-        if message.tool_calls:
-            yield (f"{param}.tool_calls", "is not supported by this server (it takes no "
-                   "`tools`); send [] or leave it out")
-        if message.function_call is not None:
-            yield (f"{param}.function_call", "is not supported by this server (it takes no "
-                   "`functions`); leave it out")
+    if isinstance(message, AssistantMessage) and message.function_call is not None:
+        yield (f"{param}.function_call", "is not supported by this server (it takes no "
+               "`functions`); send the call in `tool_calls`")
 
 
 def _unsupported(param: str, message: str) -> ApiError:

@@ -7,8 +7,11 @@
    unknown fields are kept aside, to be ignored and reported (ADR 0010).
 3. `_check_consistency`: fields that constrain each other.
 4. `refuse_unimplemented` (server/unimplemented.py): fields declared but not done yet.
-5. The served model: its name, the prompt's tokens, the context (`runtime.limits.fit_context`,
-   the one context check) and the engine's `SamplingParams` (server/sampling_fields.py).
+5. The served model: its name, the prompt's tokens (a chat's with the `tools` it offers:
+   server/tool_request.py), the context (`runtime.limits.fit_context`, the one context check)
+   and the engine's `SamplingParams` (server/sampling_fields.py).
+6. The grammar fields (server/response_format.py `check_grammar_fields`); the grammar itself is
+   compiled by the route, off the event loop.
 
 Nothing here touches the engine or imports MLX, so a bad request never reaches the engine.
 Defaults: greedy unless `temperature` is given, no stop strings, no sampling control (min_p,
@@ -25,13 +28,16 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from runtime import limits as lim
+from runtime.formats import ResponseFormat
 from runtime.limits import ContextOverflow, fit_context
 from runtime.sampling_params import SamplingParams
 from server.body_models import VOCAB, ChatBody, CompletionBody
 from server.body_reading import ignored_fields, read_body
 from server.errors import ApiError, invalid
 from server.messages import prompt_messages
+from server.response_format import check_grammar_fields, read_response_format
 from server.sampling_fields import sampling_params
+from server.tool_request import ToolRequest, chat_inputs, read_tool_request
 from server.unimplemented import refuse_unimplemented
 
 Kind = Literal["completion", "chat"]
@@ -67,9 +73,14 @@ class ModelLimits:
 
 
 class PromptEncoder(Protocol):
+    @property
+    def chat_template(self) -> str | None: ...
+
     def encode_prompt(self, prompt: str) -> list[int]: ...
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,8 @@ class ValidRequest:
     ignored: tuple[str, ...] = ()
     cache_prompt: bool = True  # false: the request neither reuses nor leaves a cached prefix
     echo: bool = False  # completions: each choice's text starts with its prompt
+    response_format: ResponseFormat | None = None  # compiled by the route, off the event loop
+    tools: ToolRequest | None = None  # the tools a chat offers (None: none, or "none")
 
     @property
     def prompt_tokens(self) -> tuple[int, ...]:
@@ -177,11 +190,14 @@ def validate_request(
     if body.model is not None:
         check_model_name(body.model, limits)
     n = body.n or 1
+    tools = read_tool_request(body) if isinstance(body, ChatBody) else None
+    response_format = read_response_format(body.response_format)
+    check_grammar_fields(response_format, tools, body.min_tokens, body.ignore_eos)
     if isinstance(body, CompletionBody):
         prompts = read_prompts(body.prompt, encoder)
         texts = _prompt_texts(body.prompt)
     else:
-        prompts = [(encoder_chat(encoder, prompt_messages(body.messages)), "messages")]
+        prompts = [(encoder_chat(encoder, prompt_messages(body.messages), tools), "messages")]
         texts = [None]
     if len(prompts) * n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} choices; at "
@@ -191,7 +207,8 @@ def validate_request(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = isinstance(body, CompletionBody) and bool(body.echo)
     return ValidRequest(kind, valid, n, bool(body.stream), include_usage,
-                        tuple(ignored_fields(body)), body.cache_prompt is not False, echo)
+                        tuple(ignored_fields(body)), body.cache_prompt is not False, echo,
+                        response_format, tools)
 
 
 def _valid_prompt(tokens: list[int], prompt_param: str, body: CompletionBody | ChatBody,
@@ -246,10 +263,13 @@ def read_prompt(prompt: str | list[int], encoder: PromptEncoder,
     return tokens
 
 
-def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, str]]) -> list[int]:
-    """The chat prompt's tokens; a template that fails on the messages is a 400."""
+def encoder_chat(encoder: PromptEncoder, messages: list[dict[str, Any]],
+                 tools: ToolRequest | None = None) -> list[int]:
+    """The chat prompt's tokens, with the tools it offers; a template that fails on the
+    messages is a 400."""
+    rendered, specs = chat_inputs(messages, tools, encoder.chat_template)
     try:
-        return list(encoder.encode_chat(messages))
+        return list(encoder.encode_chat(rendered, tools=specs))
     except Exception as exc:  # a template can fail on any content it does not expect
         raise invalid(f"could not apply the chat template: {exc}", "messages") from None
 

@@ -341,14 +341,14 @@ def test_no_op_values_of_unsupported_fields_are_accepted():
 
 
 def test_unsupported_chat_fields():
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    expect(chat, tools=[tool], param="tools", match="not supported")
+    # tools, tool_choice and response_format are taken (tests/server/test_tool_request.py,
+    # test_response_format.py); their shapes are the body model's.
     expect(chat, tools=[{"type": "function"}], param="tools[0].function", match="is required")
-    expect(chat, response_format={"type": "json_object"}, param="response_format",
-           match="not supported")
     expect(chat, response_format={"type": "xml"}, param="response_format.type",
            match='one of "text", "json_object", "json_schema"')
-    expect(chat, tool_choice="auto", param="tool_choice", match="not supported")
+    expect(chat, tool_choice="auto", param="tool_choice", match="needs `tools`")
+    function = {"name": "f", "parameters": {"type": "object"}}
+    expect(chat, functions=[function], param="functions", match="not supported")
     defaults = {"tools": [], "response_format": {"type": "text"}, "tool_choice": "none",
                 "store": False}
     assert chat(**defaults) == chat(), "the defaults are accepted"
@@ -459,7 +459,8 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     assert chat(messages=[{**ok, "name": "ann", "tool_calls": []}]).prompt_tokens == \
         chat(messages=[ok]).prompt_tokens
     tool = {"role": "tool", "content": "42", "tool_call_id": "c"}
-    assert chat(messages=[ok, tool]).ignored == ()
+    roomy = dataclasses.replace(limits(), context_length=4096)  # a tool turn renders long
+    assert validate_request("chat", {"messages": [ok, tool]}, roomy, encoder()).ignored == ()
     for message, field in ((ok, "name"), (tool, "tool_call_id")):
         expect(chat, messages=[ok, {**message, field: {"a": 1}}], param=f"messages[1].{field}",
                match="must be a string")
@@ -469,8 +470,16 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     expect(chat, messages=[{**ok, "tool_calls": [{"id": "c", "type": "function"}]}],
            param="messages[0].tool_calls[0].function", match="is required")
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    err = expect(chat, messages=[{**ok, "tool_calls": [call]}], param="messages[0].tool_calls",
-                 match="not supported")
+    called = validate_request("chat", {"messages": [{"role": "assistant", "tool_calls": [call]}]},
+                              roomy, encoder()).prompt_tokens
+    assert '"name": "f", "arguments": {}' in encoder().decode(list(called)), "rendered"
+    for arguments in ("[1]", "{", ""):
+        bad = {**call, "function": {"name": "f", "arguments": arguments}}
+        expect(chat, messages=[{**ok, "tool_calls": [bad]}],
+               param="messages[0].tool_calls[0].function.arguments",
+               match="must be a JSON object as a string")
+    err = expect(chat, messages=[{**ok, "function_call": call["function"]}],
+                 param="messages[0].function_call", match="not supported")
     assert err.code == "unsupported_parameter"
     # On a user turn `tool_calls` is not OpenAI's field: ignored (and named) as any unknown one.
     assert chat(messages=[{"role": "user", "content": "x", "tool_calls": 5}]).ignored == (

@@ -1,0 +1,186 @@
+"""Structured output: JSON grammars compiled by llguidance, applied as per-row logit masks.
+
+A request's `response_format` is compiled once, when it is submitted, on the caller's thread
+(`GrammarCompiler.compile`): the schema becomes an llguidance grammar, a first matcher is built
+and its first mask computed, so every error (a schema llguidance refuses, a feature it does not
+implement) is found there, named, and never reaches the engine. The engine gives each constrained
+sequence its own copy of that matcher (`Grammar.new_matcher`); the rows of the batch that carry
+a matcher get their next-token mask (`token_masks`), which the sampler applies after the other
+controls and before the draw (runtime/row_sampling.py), and each sampled token advances the
+matcher. EOS is allowed exactly when the grammar accepts. Forced tool calls compile
+through `compile_lark` (server/tool_calls.py writes the grammar). Why llguidance: ADR 0012.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import mlx.core as mx
+import numpy as np
+
+# Re-exported: what a grammar is compiled from lives apart, importable without MLX.
+from runtime.formats import JSON_STYLE, GrammarError, ResponseFormat
+from runtime.limits import MAX_SCHEMA_CHARS
+
+__all__ = ["JSON_STYLE", "Grammar", "GrammarCompiler", "GrammarError", "GrammarMatcher",
+           "ResponseFormat", "apply_masks", "make_grammar_compiler", "token_masks",
+           "unpack_bitmask"]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar (a response format, or tool calls): a matcher at the start of the
+    output, never advanced; `source` says what it was compiled from."""
+
+    source: str
+    compiler: GrammarCompiler
+    _template: Any  # llguidance.LLMatcher
+
+    def new_matcher(self) -> GrammarMatcher:
+        """A matcher of its own for one sequence, at the start of the output (a copy: ~20 us)."""
+        return GrammarMatcher(self._template.deep_copy(), self)
+
+
+class GrammarMatcher:
+    """Where one sequence's output is in its grammar; advanced by each sampled token."""
+
+    def __init__(self, matcher: Any, grammar: Grammar) -> None:
+        self._matcher = matcher
+        self.grammar = grammar  # a sibling choice (n > 1) starts its own matcher from it
+        self.compiler = grammar.compiler
+
+    def check_token(self, token: int) -> None:
+        """Raise unless `token` may come next (the state does not move)."""
+        # validate_tokens reads a token's bytes, and EOS has none: it may come when accepting.
+        allowed = self._matcher.is_accepting() if token in self.compiler.eos_token_ids else \
+            self._matcher.validate_tokens([token]) == 1
+        if not allowed:
+            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    def consume(self, token: int) -> None:
+        """Advance by a sampled token; the mask allowed it, so a refusal is an internal error."""
+        if not self._matcher.consume_token(token):
+            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the output so far is a whole document of the grammar."""
+        return bool(self._matcher.is_accepting())
+
+    def check(self) -> None:
+        """Raise if the matcher is in an error state (it could not compute a mask)."""
+        if self._matcher.is_error():
+            raise RuntimeError(f"grammar matcher failed: {self._matcher.get_error()}")
+
+    @property
+    def raw(self) -> Any:
+        return self._matcher
+
+
+class GrammarCompiler:
+    """Compiles response formats for one model's tokenizer (built once: ~0.05 s for the built-in
+    vocabulary, longer for a large one); thread-safe, so requests compile off the engine thread.
+    """
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        import llguidance.hf
+
+        # n_vocab is the logits' width: the mask must cover every column the model emits.
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    def compile(self, response_format: ResponseFormat) -> Grammar:
+        """A Grammar, or GrammarError naming the field and what llguidance refused in it."""
+        param = "response_format.json_schema.schema"
+        if response_format.kind == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        else:
+            assert response_format.schema is not None
+            schema = response_format.schema
+        text = _schema_grammar(schema, param)
+        return self._build(text, param, response_format.name or response_format.kind)
+
+    def check_schema(self, schema: dict[str, Any], param: str) -> None:
+        """Raise GrammarError naming `param` unless llguidance can enforce `schema`."""
+        error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
+                                                      self.tokenizer)
+        if error:
+            raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
+
+    def compile_lark(self, lark: str, param: str, source: str) -> Grammar:
+        """A Grammar from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a JSON
+        schema), or GrammarError naming `param`."""
+        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), param, source)
+
+    def _build(self, text: str, param: str, source: str) -> Grammar:
+        error = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
+        if error:
+            raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
+        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        # The first mask builds the lexer: a grammar too large for the engine's limits fails here.
+        llg_numpy.fill_next_token_bitmask(matcher, self.allocate(1))
+        if matcher.is_error():
+            raise GrammarError(f"`{param}` cannot be enforced: {matcher.get_error()}", param)
+        return Grammar(source, self, matcher)
+
+    def allocate(self, rows: int) -> np.ndarray:
+        """A bitmask of `rows` rows that allows every token (int32 words, bit i of word w is
+        token 32w + i)."""
+        return llg_numpy.allocate_token_bitmask(rows, self.vocab_size)
+
+
+def _schema_grammar(schema: dict[str, Any], param: str) -> str:
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
+                           param)
+    try:
+        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE))
+    except ValueError as exc:
+        raise GrammarError(f"`{param}` is not a usable JSON schema: {exc}", param) from None
+
+
+def make_grammar_compiler(bundle: Any) -> GrammarCompiler:
+    """The compiler for a loaded ModelBundle (its tokenizer must be a Hugging Face fast one)."""
+    args = getattr(bundle.model, "args", None)
+    vocab_size = getattr(args, "vocab_size", None) or len(bundle.tokenizer.vocab)
+    hf = getattr(bundle.tokenizer, "_tokenizer", bundle.tokenizer)
+    return GrammarCompiler(hf, int(vocab_size), sorted(bundle.eos_token_ids))
+
+
+def apply_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array:
+    """`logits` (rows, vocab) with every token row i's matcher refuses at -inf; rows without a
+    matcher unchanged."""
+    allowed = token_masks(logits, matchers)
+    return logits if allowed is None else mx.where(allowed, logits, -mx.inf)
+
+
+def token_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> mx.array | None:
+    """A bool array like `logits` (rows, vocab): row i's tokens its matcher allows (every token
+    in a row without one); None when no row has a matcher. The masks are computed now, from each
+    matcher's current state, while MLX computes `logits`."""
+    rows = [(i, m) for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return None
+    # The masks need only tokens already sampled: MLX runs the forward while llguidance works.
+    mx.async_eval(logits)
+    bitmask = rows[0][1].compiler.allocate(len(matchers))
+    # One row after another on this thread: on 2 shared cores llguidance's thread pool was
+    # slower at batch 4 and 16 (ADR 0012).
+    for i, m in rows:
+        llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
+        m.check()
+    return unpack_bitmask(bitmask, logits.shape[-1])
+
+
+def unpack_bitmask(bitmask: np.ndarray, vocab: int) -> mx.array:
+    """A bool array (rows, vocab) from int32 bitmask words."""
+    words = mx.array(bitmask.view(np.uint32))
+    bits = (words[:, :, None] >> mx.arange(32, dtype=mx.uint32)) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].astype(mx.bool_)

@@ -1,0 +1,214 @@
+"""Tool calls in the Hermes format: the prompt that offers tools, the grammar that forces a call,
+and the parser that reads calls out of the output, whole or streamed.
+
+fairtick reads and writes a tool call as the Qwen2.5/Qwen3 and Hermes chat templates do:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Bonn"}}
+    </tool_call>
+
+A model whose chat template takes `tools` and mentions `<tool_call>` gets its tools through the
+template; a model whose template takes no tools (the built-in model has none) gets them in a
+system message that asks for this format (`tools_system_prompt`); a template that takes tools
+but writes another format is not served (`tool_format` says which). `tool_choice` "required"
+or a named function is enforced by a grammar (`tool_call_lark`): the output is one call (several
+with `parallel_tool_calls`) whose arguments validate against the function's parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from runtime.formats import JSON_STYLE
+
+if TYPE_CHECKING:  # runtime/grammar.py imports MLX; validation must not
+    from runtime.grammar import Grammar, GrammarCompiler
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+# A function declared without parameters takes none: its arguments are `{}`.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+ChoiceMode = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True)
+class Function:
+    """One tool the request offers: `tools[i].function`."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = field(default_factory=lambda: dict(NO_PARAMETERS))
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """`tool_choice`: none, auto, required, or the function named `name`."""
+
+    mode: ChoiceMode
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call read from the output, in OpenAI's terms (`arguments` is JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_format(chat_template: str | None) -> Literal["template", "fallback"] | None:
+    """How a model with this chat template is offered tools: through the template, through the
+    fallback system message (no template, or one that takes no tools), or not at all (None: the
+    template takes tools but writes calls in a format this module does not read)."""
+    if not chat_template or "tools" not in chat_template:
+        return "fallback"
+    return "template" if OPEN in chat_template else None
+
+
+def tools_system_prompt(functions: list[Function]) -> str:
+    """The system message that offers tools to a model whose template cannot."""
+    specs = [{"type": "function", "function": {
+        "name": f.name, **({"description": f.description} if f.description else {}),
+        "parameters": f.parameters}} for f in functions]
+    return ("You may call one or more functions to assist with the user query. The functions "
+            "are, as JSON schemas:\n" + "\n".join(json.dumps(s) for s in specs) + "\n"
+            "To call a function, answer with one block per call:\n"
+            f"{OPEN}\n" + '{"name": <function name>, "arguments": <arguments as a JSON object>}'
+            f"\n{CLOSE}")
+
+
+def render_call(name: str, arguments: str) -> str:
+    """One call as the format writes it (an assistant turn's earlier calls, in the fallback)."""
+    return f"{OPEN}\n{{\"name\": {json.dumps(name)}, \"arguments\": {arguments}}}\n{CLOSE}"
+
+
+def tool_call_lark(functions: list[Function], choice: ToolChoice, parallel: bool) -> str:
+    """The Lark grammar (llguidance's dialect) of an output that is only tool calls: of the
+    named function, or of any of `functions` for "required"."""
+    chosen = [f for f in functions if choice.mode != "function" or f.name == choice.name]
+    assert chosen, "the named function must be among the tools (checked when reading)"
+    schema = {"anyOf": [{
+        "type": "object",
+        "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+        "required": ["name", "arguments"], "additionalProperties": False} for f in chosen],
+        "x-guidance": JSON_STYLE}
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return (f"start: {calls}\n"
+            f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} "
+            f"{json.dumps(chr(10) + CLOSE)}\n")
+
+
+def compile_tool_calls(compiler: GrammarCompiler, functions: list[Function], choice: ToolChoice,
+                       parallel: bool) -> Grammar | None:
+    """The grammar that `choice` enforces (None for "auto" and "none"); a GrammarError names
+    `tools[i].function.parameters` when a function's parameters cannot be enforced."""
+    for i, function in enumerate(functions):
+        compiler.check_schema(function.parameters, f"tools[{i}].function.parameters")
+    if choice.mode in ("auto", "none"):
+        return None
+    return compiler.compile_lark(tool_call_lark(functions, choice, parallel), "tools",
+                                 "tool_calls")
+
+
+def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """The content and the calls of a whole output: the text without its call blocks, stripped
+    (None when calls leave nothing). A block that is not a call of one of `names` (bad JSON,
+    another shape, an unknown function) stays in the content as written."""
+    calls: list[ToolCall] = []
+
+    def take(match: re.Match[str]) -> str:
+        call = _read_call(match.group(1), names)
+        if call is None:
+            return match.group(0)
+        calls.append(call)
+        return ""
+
+    content = _BLOCK.sub(take, text).strip()
+    return (content or None) if calls else content, calls
+
+
+def _read_call(body: str, names: set[str]) -> ToolCall | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not (isinstance(value, dict) and value.get("name") in names
+            and isinstance(value.get("arguments"), dict)):
+        return None
+    return ToolCall(new_call_id(), value["name"], json.dumps(value["arguments"]))
+
+
+class ToolCallStream:
+    """Splits streamed text into content and calls as `parse_tool_calls` does the whole text.
+
+    `feed` returns what is decided so far (content strings and ToolCalls, in order); it holds
+    back text that may begin a block, a block until it closes, and whitespace until content
+    follows it (the content is stripped, as the whole parse strips it)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self._pending = ""  # undecided text
+        self._space = ""  # whitespace held until content follows it
+        self._started = False  # any content emitted yet
+
+    def feed(self, text: str) -> list[str | ToolCall]:
+        self._pending += text
+        out: list[str | ToolCall] = []
+        while True:
+            start = self._pending.find(OPEN)
+            if start < 0:
+                keep = _partial_open(self._pending)
+                self._content(self._pending[: len(self._pending) - keep], out)
+                self._pending = self._pending[len(self._pending) - keep:]
+                return out
+            end = self._pending.find(CLOSE, start)
+            if end < 0:
+                self._content(self._pending[:start], out)
+                self._pending = self._pending[start:]
+                return out
+            self._content(self._pending[:start], out)
+            block = self._pending[start: end + len(CLOSE)]
+            self._pending = self._pending[end + len(CLOSE):]
+            call = _read_call(block[len(OPEN): -len(CLOSE)], self.names)
+            if call is None:
+                self._content(block, out)
+            else:
+                out.append(call)
+
+    def finish(self) -> list[str | ToolCall]:
+        """What is left: an unclosed block or a partial tag is content."""
+        out: list[str | ToolCall] = []
+        self._content(self._pending, out)
+        self._pending = ""
+        return out
+
+    def _content(self, text: str, out: list[str | ToolCall]) -> None:
+        if not text:
+            return
+        if not text.strip():
+            self._space += text
+            return
+        lead = text[: len(text) - len(text.lstrip())]
+        body = text[len(lead):]
+        trail = body[len(body.rstrip()):]
+        body = body[: len(body) - len(trail)]
+        out.append((self._space + lead if self._started else "") + body)
+        self._started, self._space = True, trail
+
+
+def _partial_open(text: str) -> int:
+    # The length of the longest end of `text` that is a proper beginning of OPEN.
+    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:size]):
+            return size
+    return 0

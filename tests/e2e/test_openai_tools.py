@@ -1,0 +1,151 @@
+"""Tool calls through the real server with the real `openai` client, whole and streamed.
+
+The built-in model's template takes no tools, so they are offered by the fallback system message;
+its free output is noise, so every well-formed call under "required" or a named function comes
+from the grammar, and under "auto" it writes text."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.server.http_helpers import post
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 8},
+                                  "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False},
+    "strict": True}}
+TIME = {"type": "function", "function": {
+    "name": "get_time",
+    "parameters": {"type": "object",
+                   "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [{"role": "user", "content": "What is the weather in Bonn?"}]
+
+
+@pytest.fixture
+def client(server):
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def check_calls(calls, names):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def streamed(client, **kwargs):
+    """The message a client assembles from the deltas, and the finish reason."""
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += delta.id or ""
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", [
+    "required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_choice_gets_well_formed_tool_calls(client, model_name, choice):
+    names = {"get_weather", "get_time"} if choice == "required" else {"get_time"}
+    args = dict(model=model_name, messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                parallel_tool_calls=False, max_tokens=300)
+    out = client.chat.completions.create(**args)
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and message.content is None
+    check_calls(message.tool_calls, names)
+    assert len(message.tool_calls) == 1
+    content, calls, finish = streamed(client, **args)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in message.tool_calls]  # greedy
+
+
+def test_parallel_calls_sampled(client, model_name):
+    out = client.chat.completions.create(model=model_name, messages=MESSAGES, tools=TOOLS,
+                                         tool_choice="required", max_tokens=1000,
+                                         temperature=1.0, seed=5)
+    assert out.choices[0].finish_reason == "tool_calls"
+    check_calls(out.choices[0].message.tool_calls, {"get_weather", "get_time"})
+
+
+def test_auto_lets_the_noise_model_write_text(client, model_name):
+    out = client.chat.completions.create(model=model_name, messages=MESSAGES, tools=TOOLS,
+                                         max_tokens=20)
+    choice = out.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert isinstance(choice.message.content, str) and choice.message.content
+
+
+def test_a_conversation_with_calls_and_results_continues(client, model_name, server):
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Bonn", "unit": "C"}'}}
+    messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]
+    out = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS,
+                                         tool_choice="none", max_tokens=5)
+    assert out.choices[0].finish_reason == "length"
+    counted = post(server.url, "/tokenize", {"messages": messages}).json()
+    assert out.usage.prompt_tokens == counted["count"]
+    text = post(server.url, "/detokenize", {"tokens": counted["tokens"]}).json()["prompt"]
+    assert '"arguments": {"city": "Bonn", "unit": "C"}' in text and "12 C" in text
+
+
+def test_tokenize_counts_the_offered_tools_as_the_chat_does(client, model_name, server):
+    out = client.chat.completions.create(model=model_name, messages=MESSAGES, tools=TOOLS,
+                                         max_tokens=1)
+    counted = post(server.url, "/tokenize", {"messages": MESSAGES, "tools": TOOLS}).json()
+    assert out.usage.prompt_tokens == counted["count"]
+    bare = post(server.url, "/tokenize", {"messages": MESSAGES}).json()
+    assert bare["count"] < counted["count"]
+
+
+def test_each_choice_of_n_streams_its_own_calls(client, model_name):
+    args = dict(model=model_name, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                max_tokens=1000, temperature=1.0, seed=9, n=2)
+    whole = client.chat.completions.create(**args)
+    assert [c.finish_reason for c in whole.choices] == ["tool_calls"] * 2
+    for choice in whole.choices:
+        check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
+    calls: dict[int, dict[int, dict[str, str]]] = {0: {}, 1: {}}
+    finishes = {}
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for c in chunk.choices:
+            for call in c.delta.tool_calls or ():
+                calls[c.index][call.index] = {"name": call.function.name,
+                                              "arguments": call.function.arguments}
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert finishes == {0: "tool_calls", 1: "tool_calls"}
+    for index, choice in enumerate(whole.choices):  # the same seeds: the same calls
+        assert [(c["name"], c["arguments"]) for _, c in sorted(calls[index].items())] == \
+            [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array", "uniqueItems": True}}}]},
+     "tools[0].function.parameters"),
+])
+def test_bad_tools_are_400s_naming_the_field(client, model_name, fields, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=MESSAGES,
+                                       **{"tools": TOOLS, **fields}, max_tokens=5)
+    assert info.value.body["param"] == param

@@ -1,0 +1,129 @@
+"""runtime/grammar.py: compiling response formats with llguidance and masking logits by them."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from runtime.grammar import (
+    GrammarCompiler,
+    GrammarError,
+    ResponseFormat,
+    apply_masks,
+    make_grammar_compiler,
+    unpack_bitmask,
+)
+from runtime.model import EOS_ID, ModelBundle
+
+PARAM = "response_format.json_schema.schema"
+
+
+@pytest.fixture(scope="module")
+def compiler(bundle: ModelBundle) -> GrammarCompiler:
+    return make_grammar_compiler(bundle)
+
+
+def schema_format(schema: object) -> ResponseFormat:
+    return ResponseFormat("json_schema", schema, "test")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"type": "objec"}, "Invalid type: objec"),
+    ({"$ref": "#/definitions/missing"}, "/definitions/missing"),
+    ({"type": "string", "pattern": "("}, "unclosed group"),
+    ({"type": "integer", "minimum": "a"}, "minimum"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}},
+      "required": ["a"]}, "unsatisfiable"),
+    ({"not": {"type": "string"}}, "not"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+])
+def test_a_schema_llguidance_refuses_is_an_error_naming_the_field_and_the_problem(
+        compiler: GrammarCompiler, schema: dict[str, object], says: str) -> None:
+    with pytest.raises(GrammarError) as info:
+        compiler.compile(schema_format(schema))
+    assert info.value.param == PARAM
+    assert PARAM in str(info.value) and says in str(info.value)
+
+
+def test_a_schema_too_long_is_refused_before_compiling(compiler: GrammarCompiler) -> None:
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20000)}}
+    with pytest.raises(GrammarError, match="longer than"):
+        compiler.compile(schema_format(huge))
+
+
+def allowed_tokens(compiler: GrammarCompiler, matcher: object, width: int) -> set[int]:
+    logits = apply_masks(mx.zeros((1, width)), [matcher])  # type: ignore[list-item]
+    return set(np.flatnonzero(np.isfinite(np.array(logits[0]))).tolist())
+
+
+def test_the_mask_follows_the_grammar_and_allows_eos_only_when_it_accepts(
+        compiler: GrammarCompiler, bundle: ModelBundle) -> None:
+    width = compiler.vocab_size
+    matcher = compiler.compile(ResponseFormat("json_object")).new_matcher()
+    assert allowed_tokens(compiler, matcher, width) == {ord("{")}
+    for token in b'{"a": [1, 2]':
+        matcher.consume(token)
+    after_array = allowed_tokens(compiler, matcher, width)
+    assert ord("}") in after_array and ord(",") in after_array and EOS_ID not in after_array
+    with pytest.raises(RuntimeError, match="refused token 257"):
+        matcher.check_token(EOS_ID)
+    matcher.consume(ord("}"))
+    assert matcher.accepting
+    assert allowed_tokens(compiler, matcher, width) == {EOS_ID}
+    matcher.check_token(EOS_ID)
+    matcher.consume(EOS_ID)
+
+
+def test_rows_without_a_matcher_keep_their_logits(compiler: GrammarCompiler) -> None:
+    width = compiler.vocab_size
+    logits = mx.random.normal((3, width), key=mx.random.key(0))
+    matcher = compiler.compile(ResponseFormat("json_object")).new_matcher()
+    out = apply_masks(logits, [None, matcher, None])
+    assert mx.array_equal(out[0], logits[0]) and mx.array_equal(out[2], logits[2])
+    finite = np.flatnonzero(np.isfinite(np.array(out[1])))
+    assert finite.tolist() == [ord("{")] and out[1, ord("{")].item() == logits[1, ord("{")].item()
+    assert apply_masks(logits, [None, None, None]) is logits
+
+
+def test_each_sequence_gets_its_own_matcher(compiler: GrammarCompiler) -> None:
+    grammar = compiler.compile(ResponseFormat("json_object"))
+    first, second = grammar.new_matcher(), grammar.new_matcher()
+    first.consume(ord("{"))
+    assert allowed_tokens(compiler, second, compiler.vocab_size) == {ord("{")}
+    assert ord("{") not in allowed_tokens(compiler, first, compiler.vocab_size)
+
+
+def test_a_token_the_grammar_refuses_is_an_error(compiler: GrammarCompiler) -> None:
+    matcher = compiler.compile(ResponseFormat("json_object")).new_matcher()
+    with pytest.raises(RuntimeError, match="refused token 65"):
+        matcher.check_token(ord("A"))
+    matcher.check_token(ord("{"))  # checking does not move the state
+    matcher.check_token(ord("{"))
+    with pytest.raises(RuntimeError, match="refused token 65"):
+        matcher.consume(ord("A"))
+
+
+def test_unpack_bitmask_puts_bit_i_of_word_w_at_token_32w_plus_i() -> None:
+    bitmask = np.zeros((2, 3), dtype=np.int32)
+    bitmask[0, 0] = 1 << 5
+    bitmask[0, 2] = np.int32(-2**31)  # bit 31 of word 2: token 95
+    bitmask[1, 1] = 1
+    out = np.array(unpack_bitmask(bitmask, 90))
+    assert out.shape == (2, 90)
+    assert np.flatnonzero(out[0]).tolist() == [5]  # token 95 is past the 90 columns
+    assert np.flatnonzero(out[1]).tolist() == [32]
+
+
+def test_compiled_schema_masks_out_everything_outside_its_enum(compiler: GrammarCompiler) -> None:
+    schema = {"type": "object", "properties": {"c": {"enum": ["DE", "FR"]}}, "required": ["c"],
+              "additionalProperties": False}
+    matcher = compiler.compile(schema_format(schema)).new_matcher()
+    for token in b'{"c": "':
+        matcher.consume(token)
+    assert allowed_tokens(compiler, matcher, compiler.vocab_size) == {ord("D"), ord("F")}
+    for token in json.dumps("FR")[1:].encode() + b"}":
+        matcher.consume(token)
+    assert matcher.accepting

@@ -1,0 +1,158 @@
+"""server/tool_calls.py: the Hermes tool-call format offered, enforced and read back.
+
+The grammar tests run the real built-in model through the real engine: its free output is
+noise, so every call that parses and validates comes from the grammar."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.api import GenerationRequest
+from runtime.engine import Engine, EngineConfig
+from runtime.grammar import GrammarError, make_grammar_compiler
+from runtime.sampling import SamplingParams
+from server.tool_calls import (
+    CLOSE,
+    OPEN,
+    Function,
+    ToolCall,
+    ToolCallStream,
+    ToolChoice,
+    compile_tool_calls,
+    parse_tool_calls,
+    render_call,
+    tool_format,
+    tools_system_prompt,
+)
+from tests.runtime.engine_harness import Collector
+
+WEATHER = Function("get_weather", "The weather in a city", {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8},
+                   "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False})
+TIME = Function("get_time", None, {
+    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["zone"], "additionalProperties": False})
+PING = Function("ping")
+FUNCTIONS = [WEATHER, TIME, PING]
+NAMES = {f.name for f in FUNCTIONS}
+BY_NAME = {f.name: f for f in FUNCTIONS}
+
+
+def calls_of(parts: list[str | ToolCall]) -> list[tuple[str, str]]:
+    return [(p.name, p.arguments) for p in parts if isinstance(p, ToolCall)]
+
+
+def test_calls_are_read_with_ids_and_json_arguments():
+    weather = render_call("get_weather", json.dumps({"city": "Bonn", "unit": "C"}))
+    text = f"Let me check.\n{weather}\n{render_call('ping', '{}')}\n"
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Bonn", "unit": "C"}), ("ping", {})]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+
+
+@pytest.mark.parametrize("block", [
+    f"{OPEN}\n{{not json}}\n{CLOSE}",
+    f'{OPEN}\n{{"name": "unknown", "arguments": {{}}}}\n{CLOSE}',
+    f'{OPEN}\n{{"name": "ping", "arguments": "{{}}"}}\n{CLOSE}',
+    f'{OPEN}\n["ping"]\n{CLOSE}',
+])
+def test_a_block_that_is_not_a_call_stays_content(block):
+    content, calls = parse_tool_calls(f"a {block} b", NAMES)
+    assert calls == [] and content == f"a {block} b"
+
+
+def test_only_calls_leave_no_content_and_plain_text_is_content():
+    assert parse_tool_calls(f"\n{render_call('ping', '{}')}\n", NAMES)[0] is None
+    assert parse_tool_calls("  plain words ", NAMES) == ("plain words", [])
+
+
+_PIECES = st.sampled_from([
+    "hello", " ", "\n", "<", "<tool", OPEN, CLOSE, "</", "x y", "tool_call>",
+    render_call("ping", "{}"), render_call("get_time", '{"zone": 3}'),
+    render_call("nope", "{}"), f"{OPEN}\n{{bad\n{CLOSE}"])
+
+
+@given(st.lists(_PIECES, max_size=12), st.randoms(use_true_random=False))
+def test_streaming_in_any_chunks_reads_what_the_whole_text_reads(pieces, rnd):
+    text = "".join(pieces)
+    cuts = sorted(rnd.sample(range(len(text) + 1), min(len(text) + 1, rnd.randint(0, 8))))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    stream, parts = ToolCallStream(NAMES), []
+    for chunk in chunks:
+        parts += stream.feed(chunk)
+    parts += stream.finish()
+    content, calls = parse_tool_calls(text, NAMES)
+    assert "".join(p for p in parts if isinstance(p, str)) == (content or "")
+    assert calls_of(parts) == [(c.name, c.arguments) for c in calls]
+
+
+def test_a_partial_tag_is_held_back_until_decided():
+    stream = ToolCallStream(NAMES)
+    assert stream.feed("hi <tool_") == ["hi"]
+    assert stream.feed("cal") == []
+    assert stream.feed("x> there") == [" <tool_calx> there"]
+
+
+def test_tool_format_follows_the_chat_template():
+    assert tool_format(None) == "fallback"
+    assert tool_format("{{ messages }}") == "fallback"
+    assert tool_format("{% if tools %}<tool_call>{% endif %}") == "template"
+    assert tool_format("{% if tools %}[TOOL_CALLS]{% endif %}") is None
+
+
+def test_the_fallback_prompt_names_every_function_and_the_format():
+    prompt = tools_system_prompt(FUNCTIONS)
+    for f in FUNCTIONS:
+        assert json.dumps(f.parameters) in prompt and f'"name": "{f.name}"' in prompt
+    assert OPEN in prompt and CLOSE in prompt
+
+
+def test_parameters_the_grammar_engine_cannot_enforce_name_the_tool(bundle):
+    compiler = make_grammar_compiler(bundle)
+    bad = Function("bad", None, {"type": "object", "properties": {"a": {"not": {}}}})
+    with pytest.raises(GrammarError) as info:
+        compile_tool_calls(compiler, [WEATHER, bad], ToolChoice("auto"), True)
+    assert info.value.param == "tools[1].function.parameters"
+    assert "not" in str(info.value)
+    assert compile_tool_calls(compiler, FUNCTIONS, ToolChoice("auto"), True) is None
+
+
+@pytest.mark.parametrize(("choice", "parallel"), [
+    (ToolChoice("required"), False), (ToolChoice("required"), True),
+    (ToolChoice("function", "get_weather"), False), (ToolChoice("function", "get_time"), True),
+])
+def test_a_forced_choice_makes_the_noise_model_call_a_tool(bundle, choice, parallel):
+    engine, got = Engine(EngineConfig(max_running=8), bundle), Collector()
+    engine.start()
+    ids = [f"r{seed}" for seed in range(4)]
+    try:
+        grammar = compile_tool_calls(engine.grammars, FUNCTIONS, choice, parallel)
+        assert grammar is not None
+        for seed, rid in enumerate(ids):
+            # After each call the model picks between EOS and another call: with parallel calls
+            # greedy noise may never stop, sampled noise stops after a few.
+            greedy = seed == 0 and not parallel
+            sampling = SamplingParams(max_tokens=1000, temperature=0.0 if greedy else 1.0,
+                                      seed=seed)
+            prompt = tuple(random.Random(seed).randrange(32, 127) for _ in range(12))
+            engine.submit(GenerationRequest(rid, prompt, sampling, grammar=grammar), got.sink)
+        got.wait(*ids)
+    finally:
+        engine.stop()
+    for rid in ids:
+        assert got.last(rid).finish_reason == "stop"
+        content, calls = parse_tool_calls(got.text(rid), NAMES)
+        assert content is None and calls and (parallel or len(calls) == 1)
+        for call in calls:
+            assert choice.mode == "required" or call.name == choice.name
+            jsonschema.validate(json.loads(call.arguments), BY_NAME[call.name].parameters)
