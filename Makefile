@@ -11,13 +11,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# Ray Serve for `fairtick cluster` and its tests; `make serve` does not need it.
+$(BIN)/.installed-cluster: $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev,cluster]'
+	touch $@
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy statemachine
 
-test: lint typecheck
+test: lint typecheck $(BIN)/.installed-cluster
 	$(BIN)/pytest -q -p no:cacheprovider
 
 serve: $(BIN)/.installed

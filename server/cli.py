@@ -1,7 +1,7 @@
-"""The `fairtick` command: `serve`, `trace` and `check`.
+"""The `fairtick` command: `serve`, `cluster`, `trace` and `check`.
 
 `check` imports neither MLX nor Sanic (it delegates to statemachine.checker_cli); `trace` is a
-plain HTTP client; only `serve` loads the runtime.
+plain HTTP client; only `serve` loads the runtime; only `cluster` imports Ray (cluster.cli).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ API_KEY_ENV = "FAIRTICK_API_KEY"
 # runtime.blas.BLAS_ENV, spelled here: importing anything from runtime loads the BLAS it names.
 BLAS_ENV = "FAIRTICK_BLAS"
 log = logging.getLogger("fairtick.server")
+# What `pip install -e .[cluster]` adds (ray[serve] brings aiohttp and starlette).
+CLUSTER_MODULES = ("ray", "aiohttp", "starlette")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(check_main(rest))
     if command == "serve":
         return serve_main(rest)
+    if command == "cluster":
+        return _cluster_main(rest)
     if command == "trace":
         return trace_main(rest)
     parser = _top_parser()
@@ -44,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     parser.print_usage(sys.stderr)
-    print(f"fairtick: error: choose a command: serve, trace or check (got {command!r})",
+    print(f"fairtick: error: choose a command: serve, cluster, trace or check "
+          f"(got {command!r})",
           file=sys.stderr)
     return 2
 
@@ -54,6 +59,8 @@ def _top_parser() -> argparse.ArgumentParser:
                                      "with a declarative, model-checked tick scheduler.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="serve the OpenAI-compatible API (see `fairtick serve --help`)")
+    sub.add_parser("cluster", help="serve N engines as Ray Serve replicas behind one "
+                   "endpoint (needs `pip install -e .[cluster]`; see `fairtick cluster --help`)")
     sub.add_parser("trace", help="print a running server's scheduler trace")
     sub.add_parser("check", help="model-check the policies' claims (see `fairtick check --help`)")
     return parser
@@ -61,6 +68,38 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def serve_main(argv: Sequence[str]) -> int:
     """`fairtick serve`: the policy is read first, since its spec declares more flags."""
+    parsed = parse_serve_args(argv, "fairtick serve")
+    if isinstance(parsed, int):
+        return parsed
+    config, _, blas = parsed
+    from server.app import create_app
+    from server.logs import configure_logging
+
+    configure_logging(config.log_level)
+    log.info("BLAS: %s", blas.describe())
+    app = create_app(config)
+    app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
+            single_process=True, motd=False, access_log=config.access_log)
+    return 0
+
+
+def _cluster_main(argv: Sequence[str]) -> int:
+    # Ray is an optional extra: without it, say how to install it (any other error is a bug).
+    try:
+        from cluster.cli import cluster_main
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in CLUSTER_MODULES:
+            raise
+        print(f"fairtick cluster: needs Ray Serve ({exc}); install it with "
+              "`pip install -e '.[cluster]'`", file=sys.stderr)
+        return 2
+    return cluster_main(argv)
+
+
+def parse_serve_args(argv: Sequence[str], prog: str,
+                     add_flags: Any = None) -> tuple[Any, argparse.Namespace, Any] | int:
+    """The ServerConfig, the parsed arguments and the BLAS of `fairtick serve`'s flags (and
+    those `add_flags(parser)` adds), or the exit status after printing what was wrong."""
     from server.policy_flags import add_policy_flags, resolve_policy_params
     from statemachine.lifecycle import load_lifecycle
     from statemachine.spec import SpecError, load_policy
@@ -73,36 +112,30 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         blas = _load_blas(known.blas)
     except ValueError as exc:
-        print(f"fairtick serve: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     try:
         spec = load_policy(known.policy)
     except SpecError as exc:
-        print(f"fairtick serve: invalid policy spec: {exc}", file=sys.stderr)
+        print(f"{prog}: invalid policy spec: {exc}", file=sys.stderr)
         return 2
     try:
         load_lifecycle(known.lifecycle)
     except SpecError as exc:
-        print(f"fairtick serve: invalid lifecycle spec: {exc}", file=sys.stderr)
+        print(f"{prog}: invalid lifecycle spec: {exc}", file=sys.stderr)
         return 2
-    parser = _serve_parser()
+    parser = _serve_parser(prog)
     add_policy_flags(parser, spec)
+    if add_flags is not None:
+        add_flags(parser)
     args = parser.parse_args(argv)
     try:
         params = resolve_policy_params(spec, vars(args), os.environ)
         config = make_server_config(args, params)
     except ValueError as exc:
-        print(f"fairtick serve: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    from server.app import create_app
-    from server.logs import configure_logging
-
-    configure_logging(config.log_level)
-    log.info("BLAS: %s", blas.describe())
-    app = create_app(config)
-    app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
-            single_process=True, motd=False, access_log=config.access_log)
-    return 0
+    return config, args, blas
 
 
 def _load_blas(setting: str | None) -> Any:
@@ -119,14 +152,14 @@ def _load_blas(setting: str | None) -> Any:
     return blas
 
 
-def _serve_parser() -> argparse.ArgumentParser:
+def _serve_parser(prog: str = "fairtick serve") -> argparse.ArgumentParser:
     from runtime.engine import EngineConfig
     from server.config import ServerConfig
     from server.validation import DEFAULT_MAX_BODY_BYTES
 
     d = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     server = ServerConfig()
-    p = argparse.ArgumentParser(prog="fairtick serve",
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Serve the OpenAI-compatible API on HTTP.")
     p.add_argument("--model", default=d["model"], metavar="PATH",
                    help="local mlx-lm model directory (default: the built-in offline model)")

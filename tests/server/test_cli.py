@@ -225,6 +225,21 @@ def test_check_imports_neither_mlx_nor_sanic():
     assert "usage" in result.stdout.lower()
 
 
+def test_serve_imports_no_ray():
+    # Ray is the cluster extra: the single-machine server never needs it.
+    code = ("import sys\nfrom server.cli import main\n"
+            "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
+            "from server.app import create_app\nfrom server.config import ServerConfig\n"
+            "create_app(ServerConfig())\n"
+            "assert 'sanic' in sys.modules and 'runtime.engine' in sys.modules\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'cluster')]\n"
+            "assert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout.lower()
+
+
 @pytest.fixture(scope="module")
 def traced_url(bundle):
     with serve(bundle) as served:
