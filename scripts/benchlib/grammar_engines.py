@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runtime.model import bytes_to_unicode
+
 
 class Engine(Protocol):
     name: str
@@ -136,7 +138,7 @@ class OutlinesCore:
         tok = Tokenizer.from_str(tokenizer_json)
         vocab: dict[bytes, list[int]] = {}
         specials = {t.content for t in tok.get_added_tokens_decoder().values()}
-        byte_of = _byte_level_decoder()
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
         for piece, token in tok.get_vocab().items():
             if piece in specials:
                 continue
@@ -174,18 +176,6 @@ class OutlinesCore:
 
 ENGINES = {"llguidance": Llguidance, "llguidance-serial": LlguidanceSerial,
            "xgrammar": Xgrammar, "outlines-core": OutlinesCore}
-
-
-def _byte_level_decoder() -> dict[str, int]:
-    # GPT-2's byte -> printable character map, reversed (the pieces of a ByteLevel vocabulary).
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in mapping.items()}
 
 
 def allowed(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
