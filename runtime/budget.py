@@ -124,9 +124,18 @@ class CostModel:
     def decode_step_p95_s(self, decode_contexts: Sequence[int],
                           constrained_rows: int = 0) -> float | None:
         """The 95th percentile of a decode-only tick over these rows, as this machine runs it
-        now: the model's prediction times the 0.95-quantile of measured / predicted over the
-        recent decode-only ticks (the noise of the machine and of the threads beside the
-        engine, which a fit of the mean leaves out). None until something is measured."""
+        now: measured, over the recent decode-only ticks with as many rows (and constrained
+        rows), when there are enough of them. The contexts those ticks had are not extrapolated
+        to these rows': a quiet window spans a few hundred tokens of context, over which the
+        fitted cost per key is noise (measured up to 5x off), and a target stated in a decode
+        step that the fit inflates would grow while a long prompt prefills. Otherwise the
+        model's prediction times the 0.95-quantile of measured / predicted over the recent
+        decode-only ticks (the machine's tail, which a fit of the mean leaves out). None until
+        something is measured."""
+        like = [seconds for features, seconds in self._without
+                if features[2] == len(decode_contexts) and features[6] == constrained_rows]
+        if len(like) >= _MARGIN_MIN_SAMPLES:
+            return float(np.quantile(like, _DECODE_QUANTILE))
         predicted = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows))
         if predicted is None or self._coef is None:
             return predicted

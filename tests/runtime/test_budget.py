@@ -185,20 +185,48 @@ def test_records_hold_the_prediction_made_before_each_tick():
     assert record.target_s == 0.05 and record.shape == shape
 
 
-def test_the_decode_step_p95_carries_the_machines_tail_and_follows_the_context():
+def test_the_decode_step_p95_carries_the_machines_tail():
     # One decode tick in ten is slowed 1.6x (another thread took the core): the p95 of a
     # decode step is the slow one, though a fit of the mean predicts about 1.06x.
+    truth = machine()
+    model = CostModel()
+    rows = (1000,) * 4
+    for i in range(400):
+        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.6 if i % 10 == 0 else 1.0))
+    p95, mean = model.decode_step_p95_s(rows), model.predict_s(TickShape(rows))
+    assert p95 == pytest.approx(1.6 * truth(TickShape(rows)), rel=0.05)
+    assert mean < 0.8 * p95
+
+
+def test_the_decode_step_p95_is_measured_not_extrapolated_from_a_narrow_quiet_window():
+    # A quiet window: four streams whose contexts span 200-328 tokens while a neighbour's job
+    # slows the machine by up to 30% over the same seconds. A fit over so narrow a span lays
+    # that slowdown on the cost per key, and extrapolated to a longer context would inflate the
+    # decode step the latency target is stated in; it is what those steps measured.
+    truth = machine()
+    model = CostModel()
+    measured = []
+    for i in range(128):
+        rows = (200 + i,) * 4
+        measured.append(truth(TickShape(rows)) * (1 + 0.3 * i / 127))
+        model.observe(TickShape(rows), measured[-1])
+    p95 = sorted(measured)[int(0.95 * (len(measured) - 1))]
+    for context in (300, 950, 2000):
+        assert model.decode_step_p95_s((context,) * 4) == pytest.approx(p95, rel=0.03)
+
+
+def test_the_decode_step_p95_of_rows_unlike_the_recent_ones_follows_the_prediction():
+    # Only 4-row steps measured, with a slow one in ten: 16 rows are predicted, with that tail.
     truth, rng = machine(), random.Random(5)
     model = CostModel()
     for i in range(400):
-        rows = (rng.randrange(200, 2000),) * 4
+        rows = (rng.randrange(200, 2000),) * rng.choice([1, 4])
         model.observe(TickShape(rows), truth(TickShape(rows)) * (1.6 if i % 10 == 0 else 1.0))
     for context in (500, 1500):
-        rows = (context,) * 4
-        p95, mean = model.decode_step_p95_s(rows), model.predict_s(TickShape(rows))
-        assert p95 == pytest.approx(1.6 * truth(TickShape(rows)), rel=0.1)
-        assert mean < 0.8 * p95
-    assert model.decode_step_p95_s((1500,) * 4) > model.decode_step_p95_s((500,) * 4)
+        rows = (context,) * 16
+        assert model.decode_step_p95_s(rows) == pytest.approx(1.6 * truth(TickShape(rows)),
+                                                              rel=0.1)
+    assert model.decode_step_p95_s((1500,) * 16) > model.decode_step_p95_s((500,) * 16)
 
 
 def test_the_decode_step_p95_is_the_prediction_while_few_decode_ticks_were_seen():
