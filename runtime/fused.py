@@ -20,9 +20,10 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import llama, qwen2
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache
 
+from runtime.attention import attend
 from runtime.row_groups import split_rows
 
 # The attention and MLP classes whose __call__ `forward_fused` re-states, read line by line.
@@ -125,8 +126,7 @@ def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.arra
     queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
     queries = attn.rope(queries, offset=offset)
     if groups is None:
-        out = scaled_dot_product_attention(queries, keys, values, cache=cache,
-                                           scale=attn.scale, mask=mask)
+        out = attend(queries, keys, values, cache, attn.scale, mask)
     else:
         out = _attend_grouped(queries, keys, values, cache, attn.scale, mask, groups)
     return out.transpose(0, 2, 1, 3).reshape(rows * length, -1)
@@ -172,9 +172,8 @@ def _attend_grouped(queries: mx.array, keys: mx.array, values: mx.array, cache: 
             return mx.take(a[..., a.shape[-2] - n:, :], rows, axis=0)
         window_mask = mx.take(mask[..., mask.shape[-1] - num_keys:], rows, axis=0) \
             if padded else None  # every key in the window is every row's own: no mask
-        outs.append(scaled_dot_product_attention(
-            mx.take(queries, rows, axis=0), pick(keys), pick(values), cache=cache, scale=scale,
-            mask=window_mask))
+        outs.append(attend(mx.take(queries, rows, axis=0), pick(keys), pick(values), cache,
+                           scale, window_mask))
     return mx.take(mx.concatenate(outs), groups.order, axis=0)
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Where a prefill slice's time goes on MLX's CPU build: attention against `exp`.
+"""Where attention's time goes on MLX's CPU build: the product form, and `exp`.
 
 Times, on the built-in model's attention shape (4 query heads, 2 KV heads, head dim 32), one
-layer's `mx.fast.scaled_dot_product_attention` for t query tokens at context c, and the
-softmax and `exp` over the same scores, beside numpy's `exp` on the same array. Medians of
---reps runs, milliseconds.
+layer's attention for r rows of t query tokens each at context c (t > 1 with the causal mask,
+r > 1 with a boolean mask as a decode batch has): `mx.fast.scaled_dot_product_attention` and
+fairtick's `runtime.attention.attend` (the same ops, the query heads of a group folded into one
+product), the softmax and `exp` over the same scores, and numpy's `exp` on the same array.
+Medians of --reps runs, milliseconds.
 
     .venv/bin/python scripts/bench_attention_cpu.py [--contexts 2000,8000] [--tokens 2,16,64]
+        [--rows 1]
 """
 
 from __future__ import annotations
@@ -34,37 +37,54 @@ def median_ms(fn: Callable[[], object], reps: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def time_shape(c: int, t: int, reps: int) -> tuple[float, float, float, float]:
-    """(SDPA, softmax, mx.exp, numpy exp) ms for t queries at context c."""
+def time_shape(c: int, t: int, r: int,
+               reps: int) -> tuple[float, float, float, float, float, bool]:
+    """(SDPA, attend, softmax, mx.exp, numpy exp) ms for r rows of t queries at context c,
+    and whether attend's output equals SDPA's bit for bit."""
     import mlx.core as mx  # after runtime (main), which loads the BLAS before MLX
 
-    q = mx.random.normal((1, HEADS, t, HEAD_DIM))
-    k, v = (mx.random.normal((1, KV_HEADS, c + t, HEAD_DIM)) for _ in range(2))
-    scores = mx.random.normal((1, HEADS, t, c + t))
+    from runtime.attention import attend
+
+    q = mx.random.normal((r, HEADS, t, HEAD_DIM))
+    k, v = (mx.random.normal((r, KV_HEADS, c + t, HEAD_DIM)) for _ in range(2))
+    scores = mx.random.normal((r, HEADS, t, c + t))
+    # A decode batch's mask: row i's first i keys are padding.
+    mask: mx.array | str | None = "causal" if t > 1 else None
+    if r > 1 and t == 1:
+        mask = (mx.arange(c + t)[None] >= mx.arange(r)[:, None])[:, None, None, :]
     mx.eval(q, k, v, scores)
     host = np.array(scores)
+    scale = HEAD_DIM ** -0.5
+    ours = attend(q, k, v, None, scale, mask)
+    theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     return (median_ms(lambda: mx.eval(mx.fast.scaled_dot_product_attention(
-                q, k, v, scale=HEAD_DIM ** -0.5, mask="causal")), reps),
+                q, k, v, scale=scale, mask=mask)), reps),
+            median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps),
             median_ms(lambda: mx.eval(mx.softmax(scores, axis=-1)), reps),
             median_ms(lambda: mx.eval(mx.exp(scores)), reps),
-            median_ms(lambda: np.exp(host), reps))
+            median_ms(lambda: np.exp(host), reps),
+            mx.array_equal(ours, theirs).item())
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--contexts", default="2000,8000")
     p.add_argument("--tokens", default="2,16,64")
+    p.add_argument("--rows", default="1", help="rows of t queries (a decode batch: t = 1)")
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     import runtime  # noqa: F401  (loads the BLAS before MLX is imported)
 
-    print("| c | t | SDPA ms | softmax of scores ms | mx.exp ms | numpy exp ms | exp / SDPA |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for c in (int(x) for x in args.contexts.split(",")):
-        for t in (int(x) for x in args.tokens.split(",")):
-            sdpa, soft, exp, npexp = time_shape(c, t, args.reps)
-            print(f"| {c} | {t} | {sdpa:.2f} | {soft:.2f} | {exp:.2f} | {npexp:.2f} | "
-                  f"{exp / sdpa:.2f} |")
+    print("| rows | c | t | SDPA ms | attend ms | attend / SDPA | bit-equal | softmax of scores "
+          "ms | mx.exp ms | numpy exp ms | exp / SDPA |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in (int(x) for x in args.rows.split(",")):
+        for c in (int(x) for x in args.contexts.split(",")):
+            for t in (int(x) for x in args.tokens.split(",")):
+                sdpa, ours, soft, exp, npexp, equal = time_shape(c, t, r, args.reps)
+                print(f"| {r} | {c} | {t} | {sdpa:.2f} | {ours:.2f} | {ours / sdpa:.2f} | "
+                      f"{'yes' if equal else 'no'} | {soft:.2f} | {exp:.2f} | {npexp:.2f} | "
+                      f"{exp / sdpa:.2f} |")
     return 0
 
 
