@@ -100,7 +100,7 @@ class Executor:
         check_context(len(prompt_tokens), sampling.validate().max_tokens,
                       self.bundle.context_length)
         sampler = self._sampler(sampling, prompt_tokens)
-        cache = make_prompt_cache(self.model)
+        cache = self._prompt_cache(len(prompt_tokens))
         seq = SeqState(seq_id, [int(t) for t in prompt_tokens], sampler, cache)
         seq.forks = forks
         seq.matcher = grammar.new_matcher() if grammar is not None else None
@@ -237,7 +237,7 @@ class Executor:
         self._batch.drop(seq_id)
         seq.tokens = seq.prompt + seq.generated
         seq.num_prefilled = seq.num_cached = 0
-        seq.cache = make_prompt_cache(self.model)
+        seq.cache = self._prompt_cache(len(seq.tokens))
 
     def release(self, seq_id: int) -> None:
         """Free the sequence's cache (its batch row is dropped at the next decode)."""
@@ -289,6 +289,16 @@ class Executor:
         vocab_size = self.bundle.vocab_size
         return SequenceSampler(sampling.check_vocabulary(vocab_size), self.bundle.eos_token_ids,
                                vocab_size, prompt)
+
+    def _prompt_cache(self, num_tokens: int) -> list[Any]:
+        # A cache that holds the whole prompt from its first slice on. mlx-lm's KVCache grows
+        # 256 positions at a time by copying all it holds: a long prompt prefilled in small
+        # slices would copy its whole KV every 256 tokens, a tick far over its target.
+        cache = make_prompt_cache(self.model)
+        for layer in cache:
+            if isinstance(getattr(layer, "step", None), int):
+                layer.step = max(layer.step, -(-num_tokens // layer.step) * layer.step)
+        return cache
 
     def _get(self, seq_id: int) -> SeqState:
         try:

@@ -210,6 +210,22 @@ def test_an_evicted_sequence_prefills_its_tokens_again_and_continues_exactly(lla
     assert out[1] == alone, "a seeded sampler carries on across its eviction"
 
 
+def test_a_long_prompt_in_small_slices_never_copies_its_cache_to_grow_it(llama_bundle):
+    # mlx-lm's KVCache grows 256 positions at a time by copying what it holds; a prompt's
+    # cache is made to hold the whole prompt from its first slice, then prefills in place.
+    ex = Executor(llama_bundle)
+    prompt = text_prompt(700, seed=7)
+    ex.add(0, prompt, SamplingParams(max_tokens=4))
+    buffers = set()
+    while ex.prompt_left(0):
+        ex.prefill(0, 37)
+        cache = ex._seqs[0].cache
+        if cache is not None:
+            buffers.add(tuple(layer.keys.shape[2] for layer in cache))
+    assert buffers == {(768,) * len(llama_bundle.model.layers)}
+    assert ex.decode([0])[0] == reference(llama_bundle, prompt, 2)[1]
+
+
 def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, monkeypatch):
     bundle = llama_bundle
     # The fault strikes after the forward has updated every cache: the executor must put the
