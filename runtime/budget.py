@@ -19,9 +19,11 @@ least squares, weighted for relative error, over the most recent ticks with slic
 The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
 measured/predicted over the recent ticks with slices (under the current fit), stays within it:
 the machine's noise around the model sets the margin. A slice is never more than twice the
-largest that met its target next to decode rows, so slices start small and a model that errs
-(fitted on few-token slices, or misled by noise) grows them only by doubling, each step
-measured.
+largest that met its target next to decode rows among the recent slice ticks, so slices start
+small and a model that errs (fitted on few-token slices, or misled by noise) grows them only
+by doubling, each step measured; "recent", because a prompt's context grows: a 200-token slice
+that fitted at context 0 says nothing about one at context 8,000 (through the server, an
+all-time bound let a misfit run single ticks of 0.7-1.8 s there).
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ class CostModel:
         self._coef: np.ndarray | None = None
         self._margin = 1.0
         self._since_fit = 0
-        self._largest_met = 0  # tokens of the largest slice next to decode rows that met its target
+        # Per recent slice tick next to decode rows: its slice's tokens if it met its target,
+        # else 0.
+        self._met: deque[int] = deque(maxlen=_MARGIN_TICKS)
         self.records: deque[TickRecord] = deque(maxlen=history)
 
     def predict_s(self, shape: TickShape) -> float | None:
@@ -109,10 +113,9 @@ class CostModel:
             return
         predicted = self.predict_s(shape)
         self.records.append(TickRecord(shape, predicted, seconds, target_s))
-        if shape.slices and shape.decode_contexts and target_s is not None \
-                and seconds <= target_s:
-            tokens = max(s.num_tokens for s in shape.slices)
-            self._largest_met = max(self._largest_met, tokens)
+        if shape.slices and shape.decode_contexts and target_s is not None:
+            met = seconds <= target_s
+            self._met.append(max(s.num_tokens for s in shape.slices) if met else 0)
         (self._with_slices if shape.slices else self._without).append(
             (shape.features(), seconds))
         self._since_fit += 1
@@ -164,7 +167,7 @@ class CostModel:
             shape = TickShape(rows, (SliceShape(tokens, context),), constrained_rows)
             return float(shape.features() @ coef) * margin <= seconds
 
-        low, high = 0, min(most, 2 * max(1, self._largest_met))
+        low, high = 0, min(most, 2 * max(1, max(self._met, default=0)))
         while low < high:  # the largest that fits: predictions grow with the slice
             mid = (low + high + 1) // 2
             low, high = (mid, high) if fits(mid) else (low, mid - 1)

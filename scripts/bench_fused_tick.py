@@ -167,11 +167,13 @@ def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int, reps
 
 def decode_against(bundle: Any, other_root: str, rows: int, reps: int) -> dict[str, Any]:
     """ms per pipelined decode step of this Executor and of `other_root`'s (another checkout,
-    its runtime/executor.py loaded beside this one), blocks of 20 steps alternated."""
+    its runtime/executor.py loaded beside this one; the modules it imports are this
+    checkout's), blocks of 20 steps alternated."""
     spec = importlib.util.spec_from_file_location(
         "other_executor", Path(other_root) / "runtime" / "executor.py")
     assert spec is not None and spec.loader is not None
     other = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = other  # its dataclasses look their module up there
     spec.loader.exec_module(other)
     rng = random.Random(rows)
     prompts = [[rng.randrange(32, 127) for _ in range(128)] for _ in range(rows)]

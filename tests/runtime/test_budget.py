@@ -118,6 +118,22 @@ def test_a_slice_is_never_far_past_the_largest_that_met_its_target():
     assert model.slice_tokens_within(100.0, rows, 100, most=512) == 32
 
 
+def test_the_bound_follows_the_recent_slices_not_one_that_fitted_at_short_context():
+    # At context 100 slices of 200 tokens met a generous target; then the prompt's context
+    # grew and 8-token slices met theirs. A 400-token slice at context 8,000 would run for
+    # seconds: however large the target, the bound is twice what met its target recently.
+    truth, rows = machine(), (800,) * 4
+    model = CostModel()
+    for _ in range(40):
+        shape = TickShape(rows, (SliceShape(200, 100),))
+        model.observe(shape, truth(shape), target_s=truth(shape) * 1.2)
+        model.observe(TickShape(rows), truth(TickShape(rows)))
+    for i in range(40):
+        shape = TickShape(rows, (SliceShape(8, 6000 + 50 * i),))
+        model.observe(shape, truth(shape), target_s=truth(shape) * 1.2)
+    assert model.slice_tokens_within(100.0, rows, 8000, most=512) == 16
+
+
 def closed_loop(truth: Machine, ticks: int, seed: int, spread: float,
                 rows: tuple[int, ...] = (2000,) * 8, factor: float = 2.5,
                 ) -> tuple[list[int], list[float]]:
