@@ -22,8 +22,7 @@ the machine's noise around the model sets the margin. A slice is never more than
 largest that met its target next to decode rows among the recent slice ticks, so slices start
 small and a model that errs (fitted on few-token slices, or misled by noise) grows them only
 by doubling, each step measured; "recent", because a prompt's context grows: a 200-token slice
-that fitted at context 0 says nothing about one at context 8,000 (through the server, an
-all-time bound let a misfit run single ticks of 0.7-1.8 s there).
+that fitted at context 0 says nothing about one at context 8,000.
 """
 
 from __future__ import annotations
