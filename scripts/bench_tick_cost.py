@@ -22,6 +22,7 @@ import json
 import random
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,21 @@ from runtime.model import ModelBundle, load_model  # noqa: E402
 from tests.runtime.engine_harness import Collector, submit, wait_until  # noqa: E402
 
 WARM_TICKS = 100  # the error is also reported without the model's first ticks
+
+
+class TimedCollector(Collector):
+    """The harness's Collector, with the time each event arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: dict[str, list[tuple[float, Any]]] = defaultdict(list)
+
+    def sink(self, event: Any) -> None:
+        self.times[event.request_id].append((time.monotonic(), event))
+        super().sink(event)
+
+    def first_token_time(self, request_id: str) -> float:
+        return next(t for t, e in self.times[request_id] if e.token_id is not None)
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -57,7 +73,7 @@ def run(bundle: ModelBundle, streams: int, prompt_tokens: int, quiet_ticks: int,
     engine = Engine(EngineConfig(max_running=streams + 1, policy=policy, max_waiting=streams + 1),
                     bundle)
     engine.start()
-    got, ids = Collector(), [f"s{i}" for i in range(streams)]
+    got, ids = TimedCollector(), [f"s{i}" for i in range(streams)]
     try:
         for i, rid in enumerate(ids):
             submit(engine, got, rid, prompt(16, i), max_tokens=bundle.context_length // 2)
@@ -74,7 +90,7 @@ def run(bundle: ModelBundle, streams: int, prompt_tokens: int, quiet_ticks: int,
     return summarize(list(engine.costs.records), got, ids, arrival, ttft)
 
 
-def summarize(records: list[TickRecord], got: Collector, ids: list[str], arrival: float,
+def summarize(records: list[TickRecord], got: TimedCollector, ids: list[str], arrival: float,
               ttft: float) -> dict[str, Any]:
     def error(r: TickRecord) -> float:
         assert r.predicted_s is not None
@@ -86,7 +102,7 @@ def summarize(records: list[TickRecord], got: Collector, ids: list[str], arrival
     end = got.first_token_time("long")
     gaps = []
     for rid in ids:
-        times = [t for t, e in got.events[rid] if e.token_id is not None and arrival <= t <= end]
+        times = [t for t, e in got.times[rid] if e.token_id is not None and arrival <= t <= end]
         gaps += list(np.diff(times))
     return {
         "ticks": len(records),
