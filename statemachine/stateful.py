@@ -142,11 +142,10 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
 
         @invariant()
         def lifecycle_legal(self) -> None:
-            events = [e for e in self.sched.trace.events() if e["kind"] == "transition"]
-            for e in events[self.seen_events:]:
-                assert (e["from"], e["trigger"], e["to"]) in self.edges, \
-                    f"transition {e} is not declared in the lifecycle spec"
-            self.seen_events = len(events)
+            events, self.seen_events = self.sched.trace.transitions(self.seen_events)
+            for e in events:
+                assert (e.src, e.trigger, e.dst) in self.edges, \
+                    f"transition {e.to_dict()} is not declared in the lifecycle spec"
 
     SchedulerMachine.__name__ = f"SchedulerMachine_{policy.name}"
     return SchedulerMachine
@@ -160,9 +159,12 @@ def stateful_settings(examples: int = 200, steps: int = 50, shrink: bool = True,
                       derandomize: bool = False) -> settings:
     """Settings for a stateful run: `print_blob` so any failure can be replayed; without
     `shrink`, the first failure found is reported as it is (a quick yes/no); `derandomize`
-    makes the run the same on every machine (for a test suite)."""
-    phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate,
-                                          Phase.target)
+    makes the run the same on every machine (for a test suite). Hypothesis's explain phase
+    (which comments the parts of a shrunk failure that matter) is left out: it replays the
+    shrunk run hundreds of times, most of a shrinking run's time, and the trace says more."""
+    phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+    if shrink:
+        phases += (Phase.shrink,)
     return settings(max_examples=examples, stateful_step_count=steps, deadline=None,
                     suppress_health_check=list(HealthCheck), database=None, print_blob=True,
                     phases=phases, report_multiple_bugs=False, derandomize=derandomize)

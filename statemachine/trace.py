@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Any
 
 KINDS = ("transition", "arrival", "wait", "refusal")
@@ -101,6 +102,7 @@ class TraceLog:
         self._ticks: deque[TickRecord] = deque(maxlen=capacity)
         self._open: dict[int, _Run] = {}  # seq -> its wait run still going on
         self._last: dict[int, float] = {}  # seq -> time of its latest event (a run's start)
+        self._appended = 0  # events ever appended (the ring buffer drops the oldest)
         self._lock = threading.Lock()
 
     def record(self, event: TraceEvent) -> None:
@@ -110,7 +112,7 @@ class TraceLog:
                 self._close(event.seq)
                 if event.time is not None:
                     self._last[event.seq] = event.time
-            self._events.append(event)
+            self._append(event)
 
     def waited(self, seq: int, request_id: str | None, state: str, role: str, rule: str,
                tick: int, now: float | None) -> None:
@@ -126,7 +128,11 @@ class TraceLog:
             run = _Run(TraceEvent(tick, seq, state, state, "wait", rule, start, request_id,
                                   "wait", role), now)
             self._open[seq] = run
-            self._events.append(run)
+            self._append(run)
+
+    def _append(self, item: TraceEvent | _Run) -> None:
+        self._events.append(item)
+        self._appended += 1
 
     def left(self, seq: int) -> None:
         """`seq` ended: nothing more will come of it."""
@@ -150,6 +156,16 @@ class TraceLog:
                   and (state is None or state in (e["from"], e["to"]))
                   and (since_s is None or (e["t_s"] is not None and e["t_s"] >= since_s))]
         return picked[-limit:] if limit is not None else picked
+
+    def transitions(self, start: int = 0) -> tuple[list[TraceEvent], int]:
+        """The transitions among the events appended since the `start`-th ever (those the
+        buffer still holds), and the count to pass as `start` next time: for a checker that
+        reads every transition once without rendering the whole log each time."""
+        with self._lock:
+            skip = max(0, start - (self._appended - len(self._events)))
+            fresh = list(islice(self._events, skip, None))
+            count = self._appended
+        return [e for e in fresh if isinstance(e, TraceEvent) and e.kind == "transition"], count
 
     def ticks(self, since_tick: int = 0) -> list[TickRecord]:
         """Tick records of tick >= `since_tick`, oldest first."""
