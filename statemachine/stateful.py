@@ -162,9 +162,9 @@ def stateful_settings(examples: int = 200, steps: int = 50, shrink: bool = True,
     makes the run the same on every machine (for a test suite). Hypothesis's explain phase
     (which comments the parts of a shrunk failure that matter) is left out: it replays the
     shrunk run hundreds of times, most of a shrinking run's time, and the trace says more."""
-    phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if shrink:
-        phases += (Phase.shrink,)
+        phases.append(Phase.shrink)
     return settings(max_examples=examples, stateful_step_count=steps, deadline=None,
                     suppress_health_check=list(HealthCheck), database=None, print_blob=True,
                     phases=phases, report_multiple_bugs=False, derandomize=derandomize)
