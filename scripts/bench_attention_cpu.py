@@ -5,8 +5,8 @@ Times, on the built-in model's attention shape (4 query heads, 2 KV heads, head 
 layer's attention for r rows of t query tokens each at context c (t > 1 with the causal mask,
 r > 1 with a boolean mask as a decode batch has): `mx.fast.scaled_dot_product_attention` and
 fairtick's `runtime.attention.attend` (the same ops, the query heads of a group folded into one
-product), the softmax and `exp` over the same scores, and numpy's `exp` on the same array.
-Medians of --reps runs, milliseconds.
+product) with MLX's softmax and with the fast one, MLX's softmax, the fast softmax and `exp`
+over the same scores, and numpy's `exp` on the same array. Medians of --reps runs, milliseconds.
 
     .venv/bin/python scripts/bench_attention_cpu.py [--contexts 2000,8000] [--tokens 2,16,64]
         [--rows 1]
@@ -37,13 +37,14 @@ def median_ms(fn: Callable[[], object], reps: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def time_shape(c: int, t: int, r: int,
-               reps: int) -> tuple[float, float, float, float, float, bool]:
-    """(SDPA, attend, softmax, mx.exp, numpy exp) ms for r rows of t queries at context c,
-    and whether attend's output equals SDPA's bit for bit."""
+def time_shape(c: int, t: int, r: int, reps: int) -> tuple[float, ...]:
+    """(SDPA, attend, attend with the fast softmax, softmax, fast softmax, mx.exp, numpy exp)
+    ms for r rows of t queries at context c, and whether attend's output (MLX's softmax) equals
+    SDPA's bit for bit (1.0 or 0.0)."""
     import mlx.core as mx  # after runtime (main), which loads the BLAS before MLX
 
-    from runtime.attention import attend
+    from runtime import attention
+    from runtime.attention import attend, softmax
 
     q = mx.random.normal((r, HEADS, t, HEAD_DIM))
     k, v = (mx.random.normal((r, KV_HEADS, c + t, HEAD_DIM)) for _ in range(2))
@@ -55,15 +56,21 @@ def time_shape(c: int, t: int, r: int,
     mx.eval(q, k, v, scores)
     host = np.array(scores)
     scale = HEAD_DIM ** -0.5
+    fast = attention.FAST_SOFTMAX
+    attention.FAST_SOFTMAX = False
     ours = attend(q, k, v, None, scale, mask)
     theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    return (median_ms(lambda: mx.eval(mx.fast.scaled_dot_product_attention(
-                q, k, v, scale=scale, mask=mask)), reps),
-            median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps),
-            median_ms(lambda: mx.eval(mx.softmax(scores, axis=-1)), reps),
-            median_ms(lambda: mx.eval(mx.exp(scores)), reps),
-            median_ms(lambda: np.exp(host), reps),
-            mx.array_equal(ours, theirs).item())
+    times = [median_ms(lambda: mx.eval(mx.fast.scaled_dot_product_attention(
+                 q, k, v, scale=scale, mask=mask)), reps),
+             median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps)]
+    attention.FAST_SOFTMAX = fast
+    times.append(median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps)
+                 if fast else float("nan"))
+    times += [median_ms(lambda: mx.eval(mx.softmax(scores, axis=-1, precise=True)), reps),
+              median_ms(lambda: mx.eval(softmax(scores)), reps) if fast else float("nan"),
+              median_ms(lambda: mx.eval(mx.exp(scores)), reps),
+              median_ms(lambda: np.exp(host), reps)]
+    return (*times, float(mx.array_equal(ours, theirs).item()))
 
 
 def main() -> int:
@@ -74,17 +81,21 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     import runtime  # noqa: F401  (loads the BLAS before MLX is imported)
+    from runtime.attention import fast_softmax_reason
 
-    print("| rows | c | t | SDPA ms | attend ms | attend / SDPA | bit-equal | softmax of scores "
-          "ms | mx.exp ms | numpy exp ms | exp / SDPA |")
-    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    reason = fast_softmax_reason()
+    print(f"fast softmax: {'no (' + reason + ')' if reason else 'yes'}")
+    print("| rows | c | t | SDPA ms | attend ms | attend / SDPA | bit-equal | attend, fast "
+          "softmax ms | / SDPA | softmax ms | fast softmax ms | mx.exp ms | numpy exp ms |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in (int(x) for x in args.rows.split(",")):
         for c in (int(x) for x in args.contexts.split(",")):
             for t in (int(x) for x in args.tokens.split(",")):
-                sdpa, ours, soft, exp, npexp, equal = time_shape(c, t, r, args.reps)
+                sdpa, ours, fast, soft, fast_soft, exp, npexp, equal = time_shape(c, t, r,
+                                                                                  args.reps)
                 print(f"| {r} | {c} | {t} | {sdpa:.2f} | {ours:.2f} | {ours / sdpa:.2f} | "
-                      f"{'yes' if equal else 'no'} | {soft:.2f} | {exp:.2f} | {npexp:.2f} | "
-                      f"{exp / sdpa:.2f} |")
+                      f"{'yes' if equal else 'no'} | {fast:.2f} | {fast / sdpa:.2f} | "
+                      f"{soft:.2f} | {fast_soft:.2f} | {exp:.2f} | {npexp:.2f} |")
     return 0
 
 

@@ -77,6 +77,11 @@ def serve_main(argv: Sequence[str]) -> int:
 
     configure_logging(config.log_level)
     log.info("BLAS: %s", blas.describe())
+    from runtime.attention import fast_softmax_reason
+
+    reason = fast_softmax_reason()
+    log.info("attention softmax: %s", "fast (compiled exp; $FAIRTICK_SOFTMAX=exact for MLX's)"
+             if reason is None else f"MLX's ({reason})")
     app = create_app(config)
     app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
             single_process=True, motd=False, access_log=config.access_log)
@@ -111,6 +116,9 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     known, _ = pre.parse_known_args(argv)
     try:
         blas = _load_blas(known.blas)
+        from runtime.attention import fast_softmax_reason
+
+        fast_softmax_reason()  # $FAIRTICK_SOFTMAX checked
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from tests.server.http_helpers import OpenStream, get, post
 # Start-up progress, in the order start-up reaches it (the line's text after `name: `).
 START_UP = (
     ("blas", r"fairtick\.server: BLAS: .+"),
+    ("softmax", r"fairtick\.server: attention softmax: (fast \(compiled exp.+\)|MLX's \(.+\))"),
     ("loading", r"fairtick\.server: loading the built-in model"),
     ("model", r"fairtick\.server: model (?P<name>\S+) loaded from \S+ in (?P<s>\d+\.\d+) s "
               r"\(context (?P<context>\d+) tokens\)"),

@@ -1,16 +1,20 @@
-"""runtime.attention.attend against MLX's own scaled_dot_product_attention, for every mask kind.
+"""runtime.attention.attend against MLX's own scaled_dot_product_attention, for every mask kind,
+and the fast softmax against a float64 one.
 
-Bit for bit where the BLAS computes each row of a product alone (the reference BLAS), to
-float32 rounding elsewhere (an optimized BLAS blocks the folded query heads together).
+With MLX's softmax, bit for bit where the BLAS computes each row of a product alone (the
+reference BLAS), to float32 rounding elsewhere (an optimized BLAS blocks the folded query heads
+together); with the fast softmax, to float32 rounding.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
-from runtime.attention import attend
-from tests.runtime.test_fused import same
+from runtime import attention
+from runtime.attention import attend, fast_softmax_reason, softmax
+from tests.runtime.test_fused import blas_rows_independent
 
 
 def arrays(rows: int, heads: int, kv_heads: int, length: int, keys: int):
@@ -36,14 +40,78 @@ SHAPES = [(1, 4, 2, 1, 700), (5, 4, 2, 1, 300), (1, 4, 2, 16, 500), (3, 8, 2, 4,
 @pytest.mark.parametrize(("kind", "shape"), [
     (kind, shape) for kind in ("none", "causal", "bool", "additive") for shape in SHAPES
     if not (kind == "causal" and shape[3] == 1)])
-def test_attend_computes_what_mlx_does(kind, shape):
+@pytest.mark.parametrize("fast", [False, True], ids=["mlx_softmax", "fast_softmax"])
+def test_attend_computes_what_mlx_does(kind, shape, fast, monkeypatch):
+    if fast and attention.fast_softmax_reason() is not None:
+        pytest.skip(f"no fast softmax here: {attention.fast_softmax_reason()}")
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", fast)
     rows, heads, kv_heads, length, keys = shape
     q, k, v = arrays(rows, heads, kv_heads, length, keys)
     mask = masks(rows, length, keys)[kind]
     ours = attend(q, k, v, None, 0.17, mask)
     theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=mask)
     assert ours.shape == theirs.shape == (rows, heads, length, 32)
-    assert same(ours, theirs)
+    if fast or not blas_rows_independent():
+        assert mx.allclose(ours, theirs, rtol=1e-4, atol=1e-5).item()
+    else:
+        assert mx.array_equal(ours, theirs).item()
+
+
+def float64_softmax(scores: mx.array) -> np.ndarray:
+    x = np.array(scores).astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def relative_error(weights: mx.array, truth: np.ndarray) -> float:
+    big = truth > 1e-9  # weights below are noise to either softmax
+    return float(np.max(np.abs(np.array(weights).astype(np.float64) - truth)[big] / truth[big]))
+
+
+@pytest.mark.parametrize("keys", [1, 7, 300, 2000, 8000])
+@pytest.mark.parametrize("spread", [1.0, 8.0])
+def test_the_fast_softmax_errs_no_more_than_mlxs_own(keys, spread, monkeypatch):
+    if fast_softmax_reason() is not None:
+        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
+    mx.random.seed(keys)
+    scores = mx.random.normal((3, 2, 4, keys)) * spread
+    truth = float64_softmax(scores)
+    theirs = relative_error(mx.softmax(scores, axis=-1, precise=True), truth)
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+    ours = relative_error(softmax(scores), truth)
+    # Both are rounding: of the sum over the keys (MLX's), and of six squarings (ours).
+    assert ours <= max(3 * theirs, 1e-5), (ours, theirs)
+
+
+def test_the_fast_softmax_gives_masked_and_underflowing_keys_nothing(monkeypatch):
+    if fast_softmax_reason() is not None:
+        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+    weights = softmax(mx.array([[0.0, -float("inf"), 1.0, -1e9, -100.0]]))
+    expected = float64_softmax(mx.array([[0.0, 1.0]]))[0]
+    assert np.array(weights)[0].tolist()[1::2] == [0.0, 0.0]  # -inf and -1e9
+    assert np.array(weights)[0, 4] == 0.0  # exp(-100): below float32's normal range anyway
+    assert np.allclose(np.array(weights)[0, [0, 2]], expected, rtol=1e-6)
+
+
+def test_half_precision_scores_are_softmaxed_in_float32(monkeypatch):
+    if fast_softmax_reason() is not None:
+        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+    scores = (mx.random.normal((2, 500)) * 4).astype(mx.bfloat16)
+    weights = softmax(scores)
+    assert weights.dtype == mx.bfloat16
+    truth = float64_softmax(scores.astype(mx.float32))
+    theirs = relative_error(mx.softmax(scores, axis=-1, precise=True).astype(mx.float32), truth)
+    assert relative_error(weights.astype(mx.float32), truth) <= max(1.5 * theirs, 1e-2)
+
+
+def test_the_softmax_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("FAIRTICK_SOFTMAX", "exact")
+    assert fast_softmax_reason() == "$FAIRTICK_SOFTMAX=exact"
+    monkeypatch.setenv("FAIRTICK_SOFTMAX", "quick")
+    with pytest.raises(ValueError, match="'quick'.*'auto', 'exact'"):
+        fast_softmax_reason()
 
 
 def test_an_unknown_mask_name_is_refused():

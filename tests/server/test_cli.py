@@ -85,6 +85,13 @@ def test_a_bad_blas_setting_refuses_to_start(monkeypatch, capsys):
     assert "'auto', 'reference' or the path" in capsys.readouterr().err
 
 
+def test_a_bad_softmax_setting_refuses_to_start(monkeypatch, capsys):
+    monkeypatch.setenv("FAIRTICK_SOFTMAX", "quick")
+    assert main(["serve"]) == 2
+    assert "$FAIRTICK_SOFTMAX='quick': expected one of ('auto', 'exact')" in \
+        capsys.readouterr().err
+
+
 def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, capsys):
     monkeypatch.setenv(BLAS_ENV, os.environ.get(BLAS_ENV, ""))
     other = "auto" if load_blas().setting == "reference" else "reference"
