@@ -66,6 +66,14 @@ _fused_shifted_exp = mx.compile(_shifted_exp, shapeless=True)
 FAST_SOFTMAX = fast_softmax_reason() is None
 
 
+def warm_up() -> None:
+    """Build the fast softmax's kernel now, not in a request's first tick: the C++ compiler
+    takes ~8 s on a machine's first run (MLX keeps the kernel on disk for later processes, and
+    one shapeless kernel serves every shape)."""
+    if FAST_SOFTMAX:
+        mx.eval(softmax(mx.zeros((2, 3))))
+
+
 def softmax(scores: mx.array) -> mx.array:
     """Softmax over the last axis, in float32 (as MLX's precise softmax computes half-precision
     scores): the fast kernel where it can be built, else MLX's own."""
