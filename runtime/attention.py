@@ -69,9 +69,12 @@ FAST_SOFTMAX = fast_softmax_reason() is None
 def warm_up() -> None:
     """Build the fast softmax's kernel now, not in a request's first tick: the C++ compiler
     takes ~8 s on a machine's first run (MLX keeps the kernel on disk for later processes, and
-    one shapeless kernel serves every shape)."""
+    one shapeless kernel serves every shape of as many dimensions: `attend`'s scores are 4-D).
+    MLX keeps compiled functions per thread, so a thread that runs the forward calls this too:
+    tracing there makes the few scalar constants the trace keeps before any baseline of MLX's
+    memory is taken."""
     if FAST_SOFTMAX:
-        mx.eval(softmax(mx.zeros((2, 3))))
+        mx.eval(softmax(mx.zeros((1, 1, 2, 3))))
 
 
 def softmax(scores: mx.array) -> mx.array:

@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from runtime import attention
 from runtime.admission import Admission
 from runtime.api import (
     AbortCause,
@@ -184,6 +185,9 @@ class Engine:
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
+            # MLX keeps compiled functions per thread: trace the fast softmax on this one
+            # before any request (its kernel is built already, by the executor at start-up).
+            attention.warm_up()
             while not self._stopping.is_set():
                 self._drain_inbox()
                 if not self._live:
