@@ -13,13 +13,15 @@ whole prompt). Prints each measure's medians and the ratio fast / MLX (ADR 0014)
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from bench_decode_kernel import executor_decode_s, make_prompts  # noqa: E402
 
 import runtime  # noqa: E402, F401  (loads the BLAS before MLX)
 from runtime import attention  # noqa: E402
@@ -28,30 +30,9 @@ from runtime.model import ModelBundle, load_model, make_builtin_model  # noqa: E
 from runtime.sampling import SamplingParams  # noqa: E402
 
 
-def prompts(num: int, length: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(32, 127) for _ in range(length)] for _ in range(num)]
-
-
-def decode_ms(bundle: ModelBundle, rows: int, context: int, steps: int = 15) -> float:
-    ex = Executor(bundle)
-    for i, prompt in enumerate(prompts(rows, context, 1)):
-        ex.add(i, prompt, SamplingParams(max_tokens=steps + 8))
-        ex.prefill(i, len(prompt))
-    ids = list(range(rows))
-    for _ in range(3):
-        ex.decode(ids)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        ex.decode(ids)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def prefill_s(bundle: ModelBundle, num_tokens: int, slice_tokens: int) -> float:
     ex = Executor(bundle)
-    ex.add(0, prompts(1, num_tokens, 2)[0], SamplingParams(max_tokens=2))
+    ex.add(0, make_prompts(1, num_tokens, 2)[0], SamplingParams(max_tokens=2))
     start, done = time.perf_counter(), 0
     while done < num_tokens:
         step = min(slice_tokens, num_tokens - done)
@@ -77,9 +58,11 @@ def main() -> int:
     bundle = load_model(make_builtin_model())
     slices = [int(s) for s in args.slices.split(",")]
     measures = {f"decode {args.rows} rows at {args.context} (ms/step)":
-                lambda: decode_ms(bundle, args.rows, args.context),
+                lambda: 1e3 * executor_decode_s(bundle, make_prompts(args.rows, args.context, 1),
+                                                15),
                 f"decode {args.small_rows} rows at {args.small_context} (ms/step)":
-                lambda: decode_ms(bundle, args.small_rows, args.small_context)}
+                lambda: 1e3 * executor_decode_s(
+                    bundle, make_prompts(args.small_rows, args.small_context, 1), 15)}
     for size in slices:
         measures[f"prefill {args.prompt_tokens} tokens in {size}-token slices (s)"] = \
             lambda size=size: prefill_s(bundle, args.prompt_tokens, size)
