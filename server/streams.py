@@ -44,7 +44,10 @@ class EventStream:
             pass
 
     def _sink_from(self, first: int) -> Sink:
-        # A request's events, its choice j renumbered as choice `first + j` of the response.
+        # A request's events, its choice j renumbered as choice `first + j` of the response
+        # (the first request's need no copy: its numbers are the response's).
+        if first == 0:
+            return self._sink
         return lambda event: self._sink(replace(event, index=first + event.index))
 
     def submit(self, prompt_param: str) -> None:
