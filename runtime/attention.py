@@ -74,6 +74,7 @@ def warm_up() -> None:
     MLX keeps compiled functions per thread, so a thread that runs the forward calls this too:
     tracing there makes the few scalar constants the trace keeps before any baseline of MLX's
     memory is taken."""
+    fast_softmax_reason()  # a bad $FAIRTICK_SOFTMAX is refused, as at import
     if FAST_SOFTMAX:
         mx.eval(softmax(mx.zeros((1, 1, 2, 3))))
 

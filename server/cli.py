@@ -116,9 +116,11 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     known, _ = pre.parse_known_args(argv)
     try:
         blas = _load_blas(known.blas)
-        from runtime.attention import fast_softmax_reason
+        from runtime import attention
 
-        fast_softmax_reason()  # $FAIRTICK_SOFTMAX checked
+        # $FAIRTICK_SOFTMAX checked, and the fast softmax's kernel built once here, before
+        # `fairtick cluster` starts replicas that would otherwise all build it at once.
+        attention.warm_up()
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
