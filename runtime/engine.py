@@ -186,7 +186,7 @@ class Engine:
     def _run(self) -> None:
         try:
             # MLX keeps compiled functions per thread: trace the fast softmax on this one
-            # before any request (its kernel is built already, by the executor at start-up).
+            # before any request (its kernel was built before the engine started).
             attention.warm_up()
             while not self._stopping.is_set():
                 self._drain_inbox()

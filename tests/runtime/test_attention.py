@@ -36,15 +36,25 @@ SHAPES = [(1, 4, 2, 1, 700), (5, 4, 2, 1, 300), (1, 4, 2, 16, 500), (3, 8, 2, 4,
           (2, 4, 4, 3, 40)]  # (rows, heads, kv_heads, length, keys)
 
 
+@pytest.fixture
+def fast_softmax(monkeypatch):
+    """The fast softmax on; the test skipped where it cannot be built (no g++)."""
+    reason = fast_softmax_reason()
+    if reason is not None:
+        pytest.skip(f"no fast softmax here: {reason}")
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+
+
 # mlx-lm makes no causal mask for one token.
 @pytest.mark.parametrize(("kind", "shape"), [
     (kind, shape) for kind in ("none", "causal", "bool", "additive") for shape in SHAPES
     if not (kind == "causal" and shape[3] == 1)])
 @pytest.mark.parametrize("fast", [False, True], ids=["mlx_softmax", "fast_softmax"])
-def test_attend_computes_what_mlx_does(kind, shape, fast, monkeypatch):
-    if fast and attention.fast_softmax_reason() is not None:
-        pytest.skip(f"no fast softmax here: {attention.fast_softmax_reason()}")
-    monkeypatch.setattr(attention, "FAST_SOFTMAX", fast)
+def test_attend_computes_what_mlx_does(kind, shape, fast, monkeypatch, request):
+    if fast:
+        request.getfixturevalue("fast_softmax")
+    else:
+        monkeypatch.setattr(attention, "FAST_SOFTMAX", False)
     rows, heads, kv_heads, length, keys = shape
     q, k, v = arrays(rows, heads, kv_heads, length, keys)
     mask = masks(rows, length, keys)[kind]
@@ -70,23 +80,17 @@ def relative_error(weights: mx.array, truth: np.ndarray) -> float:
 
 @pytest.mark.parametrize("keys", [1, 7, 300, 2000, 8000])
 @pytest.mark.parametrize("spread", [1.0, 8.0])
-def test_the_fast_softmax_errs_no_more_than_mlxs_own(keys, spread, monkeypatch):
-    if fast_softmax_reason() is not None:
-        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
+def test_the_fast_softmax_errs_no_more_than_mlxs_own(keys, spread, fast_softmax):
     mx.random.seed(keys)
     scores = mx.random.normal((3, 2, 4, keys)) * spread
     truth = float64_softmax(scores)
     theirs = relative_error(mx.softmax(scores, axis=-1, precise=True), truth)
-    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
     ours = relative_error(softmax(scores), truth)
     # Both are rounding: of the sum over the keys (MLX's), and of six squarings (ours).
     assert ours <= max(3 * theirs, 1e-5), (ours, theirs)
 
 
-def test_the_fast_softmax_gives_masked_and_underflowing_keys_nothing(monkeypatch):
-    if fast_softmax_reason() is not None:
-        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
-    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+def test_the_fast_softmax_gives_masked_and_underflowing_keys_nothing(fast_softmax):
     weights = softmax(mx.array([[0.0, -float("inf"), 1.0, -1e9, -100.0]]))
     expected = float64_softmax(mx.array([[0.0, 1.0]]))[0]
     assert np.array(weights)[0].tolist()[1::2] == [0.0, 0.0]  # -inf and -1e9
@@ -94,10 +98,7 @@ def test_the_fast_softmax_gives_masked_and_underflowing_keys_nothing(monkeypatch
     assert np.allclose(np.array(weights)[0, [0, 2]], expected, rtol=1e-6)
 
 
-def test_half_precision_scores_are_softmaxed_in_float32(monkeypatch):
-    if fast_softmax_reason() is not None:
-        pytest.skip(f"no fast softmax here: {fast_softmax_reason()}")
-    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+def test_half_precision_scores_are_softmaxed_in_float32(fast_softmax):
     scores = (mx.random.normal((2, 500)) * 4).astype(mx.bfloat16)
     weights = softmax(scores)
     assert weights.dtype == mx.bfloat16
