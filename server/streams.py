@@ -4,7 +4,10 @@ abort.
 An HTTP request is one engine request per prompt (a completions batch has several), each with
 `n` choices; events come renumbered with the choice's index in the response (prompt i, choice
 j: i * n + j). The engine calls the sinks from its own thread; a sink only hands the event to
-the loop (`call_soon_threadsafe`), so the engine never waits on a client. `close()` aborts
+the loop, so the engine never waits on a client. One relay per event loop carries them: the
+events a tick publishes for all its streams cost one wakeup of the loop (one
+`call_soon_threadsafe`), not one each, and a handler waits on a plain future, not a task per
+event (the loop's per-token work shares the machine's cores with the engine). `close()` aborts
 every choice not finished yet: the route calls it in a `finally`, which is how a client that
 disconnects (Sanic cancels the handler task) frees its slots.
 """
@@ -13,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -22,6 +28,43 @@ from server.errors import ApiError, invalid
 
 # How often a waiting request checks that the engine thread is still alive.
 ENGINE_POLL_S = 1.0
+
+
+class _Relay:
+    """Events from the engine thread to one event loop's streams: the first event since the last
+    drain schedules one drain, and the events that follow ride on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[EventStream, TokenEvent]] = []
+
+    def put(self, stream: EventStream, event: TokenEvent) -> None:
+        with self._lock:
+            self._pending.append((stream, event))
+            if len(self._pending) > 1:  # a drain is scheduled already
+                return
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop has closed (server shutdown); nobody is listening
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for stream, event in pending:
+            stream._deliver(event)
+
+
+_relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Relay] = \
+    weakref.WeakKeyDictionary()
+
+
+def _relay(loop: asyncio.AbstractEventLoop) -> _Relay:
+    relay = _relays.get(loop)
+    if relay is None:
+        relay = _relays[loop] = _Relay(loop)
+    return relay
 
 
 class EventStream:
@@ -35,13 +78,19 @@ class EventStream:
         self.finished = False
         self._open = {r.request_id: r.n for r in requests}  # choices not finished, by request
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._relay = _relay(self._loop)
+        self._events: deque[TokenEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
 
     def _sink(self, event: TokenEvent) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the loop has closed (server shutdown); nobody is listening
-            pass
+        # On the engine thread.
+        self._relay.put(self, event)
+
+    def _deliver(self, event: TokenEvent) -> None:
+        # On the loop.
+        self._events.append(event)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     def _sink_from(self, first: int) -> Sink:
         # A request's events, its choice j renumbered as choice `first + j` of the response
@@ -87,22 +136,23 @@ class EventStream:
             yield event
 
     async def _next_event(self) -> TokenEvent:
-        # Not asyncio.wait_for: before Python 3.12 it swallows a cancellation (the client went
-        # away) that arrives as the queue yields an event, and the handler would then run the
-        # whole generation for nobody. asyncio.wait lets the cancellation through.
-        while self._queue.empty():
-            getter = asyncio.ensure_future(self._queue.get())
+        # A plain future, not asyncio.wait_for: before Python 3.12 wait_for swallows a
+        # cancellation (the client went away) that arrives as an event does, and the handler
+        # would then run the whole generation for nobody. Awaiting a future lets it through, and
+        # an event that came with it stays in the deque.
+        while not self._events:
+            waiter = self._waiter = self._loop.create_future()
+            timer = self._loop.call_later(ENGINE_POLL_S, _wake, waiter)
             try:
-                await asyncio.wait({getter}, timeout=ENGINE_POLL_S)
+                await waiter
             finally:
-                getter.cancel()
-            if getter.done() and not getter.cancelled():
-                return getter.result()
-            if not self.engine.alive:
+                timer.cancel()
+                self._waiter = None
+            if not self._events and not self.engine.alive:
                 self._open.clear()
                 return TokenEvent(self.requests[0].request_id, None, "", finish_reason="error",
                                   error="the engine thread has stopped")
-        return self._queue.get_nowait()
+        return self._events.popleft()
 
     def close(self, cause: AbortCause) -> None:
         """Abort every choice not finished yet: its client went away, or the handler failed
@@ -114,6 +164,11 @@ class EventStream:
                 self.engine.abort(request_id, cause)
             except EngineDead:  # nothing left to free
                 pass
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def engine_unavailable(reason: str) -> ApiError:
