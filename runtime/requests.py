@@ -3,8 +3,6 @@ clocks."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from runtime.api import AbortCause, FinishReason, GenerationRequest, Sink, TokenEvent
 from runtime.detok import TextStream
 from runtime.logprobs import TokenLogprob
@@ -60,26 +58,24 @@ class LiveRequest:
         self.last_token_s = now_s
         self.num_generated += 1
         metrics.generation_tokens.inc()
-        event = TokenEvent(self.request_id, token, "", logprob=logprob,
-                           prompt_logprobs=prompt_logprobs)
         if token in self.eos_token_ids and not sampling.ignore_eos:
             # EOS is not part of the text, so not of its log-probabilities either.
-            self._end(replace(event, text=self.stream.finish(), finish_reason="stop",
-                              logprob=None))
+            self._end(self._event(token, self.stream.finish(), "stop", None, prompt_logprobs))
             return True
         text = self.stream.add(token)
         if self.stream.stopped:
-            self._end(replace(event, text=text, finish_reason="stop"))
+            self._end(self._event(token, text, "stop", logprob, prompt_logprobs))
         elif self.num_generated >= sampling.max_tokens:
-            self._end(replace(event, text=text + self.stream.finish(), finish_reason="length"))
+            self._end(self._event(token, text + self.stream.finish(), "length", logprob,
+                                  prompt_logprobs))
         else:
-            self._send(replace(event, text=text))
+            self._send(self._event(token, text, None, logprob, prompt_logprobs))
         return self.finish_reason is not None
 
     def end(self, reason: FinishReason, token: int | None = None, text: str = "",
             error: str | None = None) -> None:
         """Send the last event (once)."""
-        self._end(TokenEvent(self.request_id, token, text, reason, error))
+        self._end(self._event(token, text, reason, error=error))
 
     def _end(self, event: TokenEvent) -> None:
         if self.finish_reason is None:
@@ -98,10 +94,18 @@ class LiveRequest:
             None if self.first_token_s is None else self.first_token_s - since, end_s - since,
             self.num_preemptions)
 
+    def _event(self, token: int | None, text: str, reason: FinishReason | None,
+               logprob: TokenLogprob | None = None,
+               prompt_logprobs: tuple[TokenLogprob, ...] | None = None,
+               error: str | None = None) -> TokenEvent:
+        # One event built whole: this runs for every token of every stream, on the engine thread.
+        return TokenEvent(self.request_id, token, text, reason, error,
+                          num_prompt_tokens=len(self.request.prompt_tokens),
+                          num_generated_tokens=self.num_generated,
+                          num_cached_tokens=self.num_cached, index=self.index, logprob=logprob,
+                          prompt_logprobs=prompt_logprobs)
+
     def _send(self, event: TokenEvent) -> None:
-        event = replace(event, num_prompt_tokens=len(self.request.prompt_tokens),
-                        num_generated_tokens=self.num_generated,
-                        num_cached_tokens=self.num_cached, index=self.index)
         try:
             self.sink(event)
         except Exception:  # noqa: BLE001 - a broken sink must not stop the engine
