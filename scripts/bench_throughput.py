@@ -1,20 +1,23 @@
 """Steady decode tokens/s of `fairtick serve` against mlx_lm.server and a bare mlx-lm loop.
 
     .venv/bin/python scripts/bench_throughput.py [--streams 4,16] [--rounds 2]
-        [--warmup-s 8] [--window-s 20] [--fairtick-flags "--max-running 16"]
+        [--from-token 256] [--to-token 1024] [--fairtick-flags "--max-running 16"]
         [--mlx-lm-blas shipped|same] [--json FILE]
 
 For each stream count S, `fairtick serve` (default flags, or --fairtick-flags) and
 `python -m mlx_lm.server --model DIR` (its defaults) serve the same model directory (the
 built-in model) one after the other, alternated over rounds (A B, then B A). S streamed greedy
-completions with a max_tokens far beyond the window are sent at once; the tokens of all streams
-that arrive in the --window-s seconds after --warmup-s, per second, are the arm's rate (no
-stream may end before the window does). The third arm, in the same alternation (A B C, then
+completions with a max_tokens far beyond the window are sent at once. The window is counted in
+tokens, not seconds: it opens when every stream has its --from-token-th token and closes when
+the first has its --to-token-th, and the tokens of all streams that arrive inside it, per
+second, are the arm's rate. So every arm is measured decoding at the same contexts (the prompt
+plus 256 .. 1024 tokens by default): a decode step's cost grows with its context (at 4 rows
+~1.5x from 750 to 1,200 keys here), and a window in seconds would measure the faster server at
+a longer context than the slower one. The third arm, in the same alternation (A B C, then
 C B A), is a bare in-process mlx-lm decode loop (BatchKVCache, greedy, pipelined:
-scripts/bench_decode_kernel.py) decoding as many rows as the last fairtick run had decoding, from
-the context they had when its window opened, for as many steps as they made in it, on the same
-BLAS (this process and the fairtick server both load the one $FAIRTICK_BLAS names). Prints each
-arm's median, the
+scripts/bench_decode_kernel.py) decoding as many rows as there are streams, from the context
+the window opens at, for as many steps as the window spans, on the same BLAS (this process and
+the fairtick server both load the one $FAIRTICK_BLAS names). Prints each arm's median, the
 ratios fairtick / mlx_lm.server (goal >= 2) and fairtick / bare (goal >= 0.9), the window's
 inter-token gaps (p50/p95/p99/max), and the machine's load average.
 
@@ -51,9 +54,9 @@ from benchlib.throughput import (  # noqa: E402
     arm_order,
     format_table,
     median_rate,
+    token_window,
     window_rate,
 )
-from benchlib.windows import Window  # noqa: E402
 
 from runtime.blas import DEFAULT_THREADS, THREADS_ENV, load_blas  # noqa: E402
 from runtime.model import ModelBundle, load_model, make_builtin_model  # noqa: E402
@@ -68,8 +71,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--streams", default="4,16", help="concurrent streams per run (4,16)")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds, alternated (2)")
-    p.add_argument("--warmup-s", type=float, default=8.0, help="before the window (8)")
-    p.add_argument("--window-s", type=float, default=20.0, help="the measured window (20)")
+    p.add_argument("--from-token", type=int, default=256,
+                   help="the window opens when every stream has this many tokens (256)")
+    p.add_argument("--to-token", type=int, default=1024,
+                   help="and closes when the first has this many (1024)")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="give up on an arm whose streams do not reach --to-token by then (600)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (64)")
     p.add_argument("--max-tokens", type=int, default=8192,
                    help="max_tokens of each stream; must outlast the window (8192)")
@@ -88,9 +95,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              ("--max-tokens", args.max_tokens, 1)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
-    if not (args.warmup_s >= 0 and args.window_s > 0):
-        p.error(f"--warmup-s must be >= 0 and --window-s > 0, got {args.warmup_s}, "
-                f"{args.window_s}")
+    if not 0 < args.from_token < args.to_token < args.max_tokens:
+        p.error(f"need 0 < --from-token < --to-token < --max-tokens, got {args.from_token}, "
+                f"{args.to_token}, {args.max_tokens}")
+    if not args.timeout_s > 0:
+        p.error(f"--timeout-s must be > 0, got {args.timeout_s}")
     args.fairtick_flags = shlex.split(args.fairtick_flags)
     return args
 
@@ -102,24 +111,32 @@ def make_prompt(tokens: int, seed: int) -> str:
 
 
 def measure(server: Server, num_streams: int, args: argparse.Namespace) -> WindowRate:
-    """The window rate of `num_streams` streams on a running server."""
+    """The token-window rate of `num_streams` streams on a running server."""
     streams = []
     for i in range(num_streams):
         streams.append(TimedStream(server.url, make_prompt(args.prompt_tokens, i),
                                    args.max_tokens, timeout_s=120).start())
         # mlx_lm.server listens with Python's default backlog of 5: a burst of 16 connects
-        # was reset once; spread them over a fraction of the warm-up instead.
+        # was reset once; spread them over a fraction of a second instead.
         time.sleep(CONNECT_SPACING_S)
-    start_s = time.monotonic()
-    window = Window(start_s + args.warmup_s, start_s + args.warmup_s + args.window_s)
+    deadline_s = time.monotonic() + args.timeout_s
     try:
-        time.sleep(window.end_s - time.monotonic() + 0.2)  # a benchmark's clock, not a test's
-        ended = [s for s in streams if s.ended]
-        if ended:
-            raise RuntimeError(f"{len(ended)} stream(s) ended inside the window ("
-                               f"{ended[0].error or 'done'}); raise --max-tokens:\n"
-                               f"{server.log_tail()}")
-        return window_rate([list(s.times_s) for s in streams], window)
+        while any(len(s.times_s) < args.to_token for s in streams):
+            ended = [s for s in streams if s.ended]
+            if ended:
+                raise RuntimeError(f"{len(ended)} stream(s) ended before token "
+                                   f"{args.to_token} ({ended[0].error or 'done'}); raise "
+                                   f"--max-tokens:\n{server.log_tail()}")
+            if time.monotonic() > deadline_s:
+                raise RuntimeError(f"streams short of {args.to_token} tokens after "
+                                   f"{args.timeout_s:.0f} s; raise --timeout-s")
+            time.sleep(0.1)  # a benchmark's poll, not a test's clock
+        times = [list(s.times_s) for s in streams]
+        window = token_window(times, args.from_token, args.to_token)
+        if window is None:
+            raise RuntimeError(f"a stream had {args.to_token} tokens before another had "
+                               f"{args.from_token}: the streams did not decode together")
+        return window_rate(times, window)
     finally:
         for s in streams:
             s.close()
@@ -154,21 +171,18 @@ def run_arm(arm: str, num_streams: int, args: argparse.Namespace, model_dir: Pat
 
 @dataclass(frozen=True)
 class BareRate:
-    """The bare loop's rate, at the rows and context of a fairtick run."""
+    """The bare loop's rate through the servers' token window."""
 
     tokens_per_s: float
     rows: int
     context: int
 
 
-def bare_rate(bundle: ModelBundle, fairtick: WindowRate, prompt_tokens: int) -> BareRate:
-    """The bare loop decoding as many rows as `fairtick` had decoding, from the context they had
-    when its window opened, for as many steps as they made in it."""
-    rows = fairtick.active_streams
-    if rows == 0:
-        raise RuntimeError("fairtick decoded nothing in its window: no rows for the bare loop")
-    context = prompt_tokens + round(fairtick.tokens_before)
-    steps = max(32, round(fairtick.tokens_per_stream))
+def bare_rate(bundle: ModelBundle, rows: int, args: argparse.Namespace) -> BareRate:
+    """The bare loop decoding `rows` rows through the servers' token window: from the context
+    it opens at, for as many steps as it spans."""
+    context = args.prompt_tokens + args.from_token
+    steps = args.to_token - args.from_token
     rng = random.Random(rows)
     prompts = [[rng.randrange(32, 127) for _ in range(context)] for _ in range(rows)]
     return BareRate(rows / bare_mlx_lm_decode_s(bundle, prompts, steps), rows, context)
@@ -178,8 +192,8 @@ def run_round(n: int, r: int, args: argparse.Namespace, model_dir: Path, log_dir
               runs: dict[str, list[Any]], blas_names: dict[str, str]) -> None:
     """One round at `n` streams: the three arms in this round's order; appends to `runs`."""
     for arm in arm_order(ARMS, r):
-        if arm == "bare":  # round 0 runs fairtick first, so a fairtick run exists to match
-            bare = bare_rate(_bundle(model_dir), runs["fairtick"][-1], args.prompt_tokens)
+        if arm == "bare":
+            bare = bare_rate(_bundle(model_dir), n, args)
             runs[arm].append(bare)
             print(f"  {n:>3} streams, {arm:>8}: {bare.tokens_per_s:7.0f} tok/s ({bare.rows} rows, "
                   f"context {bare.context})", flush=True)

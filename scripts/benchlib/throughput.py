@@ -43,6 +43,20 @@ def window_rate(times_s: Sequence[Sequence[float]], window: Window) -> WindowRat
                       gaps=GapStats.of(all_gaps))
 
 
+def token_window(times_s: Sequence[Sequence[float]], first: int, last: int) -> Window | None:
+    """The window from when every stream has its `first`-th token to when the first stream has
+    its `last`-th (1-based): inside it every stream decodes at a context between `first` and
+    `last` tokens past its prompt. None if the streams drifted so far apart that no such window
+    exists (one had its `last`-th token before another had its `first`-th)."""
+    if not 0 < first < last:
+        raise ValueError(f"need 0 < first < last, got {first}, {last}")
+    if not times_s or any(len(times) < last for times in times_s):
+        raise ValueError(f"every stream needs {last} tokens")
+    start = max(times[first - 1] for times in times_s)
+    end = min(times[last - 1] for times in times_s)
+    return Window(start, end) if end > start else None
+
+
 def arm_order(arms: Sequence[str], round_index: int) -> list[str]:
     """A B in even rounds, B A in odd ones: neither arm always runs first (or last)."""
     return list(arms) if round_index % 2 == 0 else list(arms)[::-1]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 from bench_throughput import parse_args
-from benchlib.throughput import Comparison, arm_order, format_table, window_rate
+from benchlib.throughput import Comparison, arm_order, format_table, token_window, window_rate
 from benchlib.windows import Window
 
 
@@ -31,6 +31,31 @@ def test_an_empty_window_has_no_rate_per_stream():
     rate = window_rate([[0.1], [9.0]], Window(1.0, 2.0))
     assert rate.tokens == 0 and rate.active_streams == 0 and rate.tokens_per_stream == 0
     assert math.isnan(rate.gaps.p95_ms)
+
+
+def test_the_token_window_spans_the_same_token_indices_of_every_stream():
+    streams = [
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        [0.5, 1.5, 2.5, 3.5, 4.5],  # the later stream: it sets the window's opening
+    ]
+    # Opens when both have their 2nd token (1.5), closes when the first has its 5th (4.0).
+    assert token_window(streams, 2, 5) == Window(1.5, 4.0)
+    rate = window_rate(streams, token_window(streams, 2, 5))
+    assert rate.tokens == 5  # 2.0, 3.0 and 1.5, 2.5, 3.5: 4.0 closes the window
+    assert rate.tokens_before == pytest.approx((2 + 1) / 2)
+
+
+def test_streams_too_far_apart_have_no_token_window():
+    # The second stream's 1st token comes after the first stream's 3rd: no common window.
+    assert token_window([[0.0, 1.0, 2.0], [2.5, 3.0, 3.5]], 1, 3) is None
+
+
+def test_the_token_window_needs_its_tokens_and_an_order():
+    with pytest.raises(ValueError, match="every stream needs 3"):
+        token_window([[0.0, 1.0, 2.0], [0.0, 1.0]], 1, 3)
+    for first, last in ((0, 2), (2, 2), (3, 2)):
+        with pytest.raises(ValueError, match="0 < first < last"):
+            token_window([[0.0, 1.0, 2.0]], first, last)
 
 
 def test_arms_alternate_which_runs_first():
@@ -59,7 +84,9 @@ def test_options_are_parsed_and_checked(capsys):
     assert args.streams == [4, 16]
     assert args.fairtick_flags == ["--max-running", "16", "--policy", "deadline"]
     for bad, named in ((["--streams", "4,x"], "--streams"), (["--streams", "0"], "--streams"),
-                       (["--window-s", "0"], "--window-s"), (["--rounds", "0"], "--rounds")):
+                       (["--to-token", "100"], "--to-token"),  # not after --from-token
+                       (["--to-token", "9000"], "--max-tokens"),  # past max_tokens
+                       (["--timeout-s", "0"], "--timeout-s"), (["--rounds", "0"], "--rounds")):
         with pytest.raises(SystemExit) as exc:
             parse_args(bad)
         assert exc.value.code == 2
