@@ -112,13 +112,13 @@ class CostModel:
         """Learn from one tick that ran `shape` in `seconds` (sized for `target_s`, if any)."""
         if shape.is_empty or not seconds > 0:
             return
-        predicted = self.predict_s(shape)
+        features = shape.features()  # once: this runs every tick
+        predicted = None if self._coef is None else float(features @ self._coef)
         self.records.append(TickRecord(shape, predicted, seconds, target_s))
         if shape.slices and shape.decode_contexts and target_s is not None:
             met = seconds <= target_s
             self._met.append(max(s.num_tokens for s in shape.slices) if met else 0)
-        (self._with_slices if shape.slices else self._without).append(
-            (shape.features(), seconds))
+        (self._with_slices if shape.slices else self._without).append((features, seconds))
         self._since_fit += 1
         every = _REFIT_EVERY if shape.slices else _REFIT_EVERY_DECODE_ONLY
         if self._coef is None or self._since_fit >= every:
