@@ -25,11 +25,6 @@ class WindowRate:
     def tokens_per_s(self) -> float:
         return self.tokens / self.window_s
 
-    @property
-    def tokens_per_stream(self) -> float:
-        """Mean tokens an active stream produced inside the window."""
-        return self.tokens / self.active_streams if self.active_streams else 0.0
-
 
 def window_rate(times_s: Sequence[Sequence[float]], window: Window) -> WindowRate:
     """Tokens arriving in `window` (one arrival-time list per stream), summed over streams."""

@@ -22,14 +22,13 @@ def test_window_rate_counts_only_the_tokens_inside_the_window():
     assert rate.tokens == 4 and rate.active_streams == 2
     assert rate.tokens_per_s == pytest.approx(4 / 2.0)
     assert rate.tokens_before == pytest.approx((2 + 1) / 2)
-    assert rate.tokens_per_stream == pytest.approx(2.0)
     # Gaps wholly inside: 1.5->2.0 and 2.0->2.5 of the first stream; 0.1->3.0 starts outside.
     assert rate.gaps.num_gaps == 2 and rate.gaps.max_ms == pytest.approx(500)
 
 
-def test_an_empty_window_has_no_rate_per_stream():
+def test_an_empty_window_has_no_tokens_and_no_gaps():
     rate = window_rate([[0.1], [9.0]], Window(1.0, 2.0))
-    assert rate.tokens == 0 and rate.active_streams == 0 and rate.tokens_per_stream == 0
+    assert rate.tokens == 0 and rate.active_streams == 0
     assert math.isnan(rate.gaps.p95_ms)
 
 
