@@ -10,6 +10,13 @@ the ops and shapes of mlx-lm's own layer. Its output equals the model's own forw
 where the BLAS computes each row of a product alone (the reference BLAS), and to float32
 rounding where it blocks rows together (OpenBLAS). Any other architecture runs each segment
 through the model's own forward (`forward_apart`).
+
+On MLX's CPU, `mx.fast.rope` runs its op-level fallback, which builds a position's sines and
+cosines from scratch at every call (29 ops): two calls in each of a step's layers were ~40% of a
+decode step's ops, and a short-context step's time is mostly its ops' count. A segment's
+positions are the same in every layer, so `forward_fused` takes the fallback's sines and
+cosines once per segment (`RopeTable`) and each layer applies them with the fallback's own
+remaining ops: bit for bit the same output.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache
@@ -72,19 +80,24 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     # Masks as the model makes them: from each segment's shape and cache, before any update.
     masks = [create_attention_mask(s.tokens, s.cache[0]) for s in segments]
     groups = [_row_groups(s) for s in segments]
+    tables: list[RopeTable | None] = []
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1
     for i, layer in enumerate(inner.layers):
         x = layer.input_layernorm(h)
         attn = layer.self_attn
         queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if i == 0:  # every layer's positions are the first's
+            tables = [RopeTable.of(attn.rope, s, keys.dtype) for s in segments]
         outputs, start = [], 0
-        for segment, mask, rows in zip(segments, masks, groups, strict=True):
+        for segment, mask, rows, table in zip(segments, masks, groups, tables, strict=True):
             end = start + segment.num_tokens
             # The last layer's output matters only at the rows whose logits are wanted.
             need = i < last or segment.logits
             out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
-                          keys[start:end], values[start:end], rows)
+                          keys[start:end], values[start:end], rows,
+                          table if table is not None and table.serves(attn.rope, keys.dtype)
+                          else None)
             if out is not None:
                 outputs.append(out)
             start = end
@@ -112,24 +125,80 @@ def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
 
 
 def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.array | None,
-            keys: mx.array, values: mx.array, groups: RowGroups | None) -> mx.array | None:
+            keys: mx.array, values: mx.array, groups: RowGroups | None,
+            table: RopeTable | None) -> mx.array | None:
     # mlx-lm's Attention.__call__ for one segment (rows, length), after the projections.
     rows, length = segment.tokens.shape
     cache = segment.cache[layer]
     keys = keys.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     values = values.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     offset = cache.offset
-    keys = attn.rope(keys, offset=offset)
+    keys = table.apply(keys) if table is not None else attn.rope(keys, offset=offset)
     keys, values = cache.update_and_fetch(keys, values)
     if queries is None:
         return None
     queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
-    queries = attn.rope(queries, offset=offset)
+    queries = table.apply(queries) if table is not None else attn.rope(queries, offset=offset)
     if groups is None:
         out = attend(queries, keys, values, cache, attn.scale, mask)
     else:
         out = _attend_grouped(queries, keys, values, cache, attn.scale, mask, groups)
     return out.transpose(0, 2, 1, 3).reshape(rows * length, -1)
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """The cosines and sines `mx.fast.rope`'s CPU fallback computes for a segment's positions,
+    for every `nn.RoPE` with the same settings (`key`). They are read off the rope itself: on
+    a probe whose rotated pairs are (1, 0), the fallback returns 1*cos - 0*sin = cos and
+    1*sin + 0*cos = sin, exactly (a product by 1 or 0 and a sum with 0 round nothing)."""
+
+    key: tuple[int, bool, float, float, mx.Dtype]  # dims, traditional, base, scale, dtype
+    cos: mx.array
+    sin: mx.array
+
+    @staticmethod
+    def of(rope: Any, segment: Segment, dtype: mx.Dtype) -> RopeTable | None:
+        """The table of `segment` (its cache's offset, before this step's update) for `rope` on
+        arrays of `dtype`; None where the rope is not plain `nn.RoPE` on the CPU (its own call
+        then runs)."""
+        if type(rope) is not nn.RoPE or mx.default_device() != mx.cpu:
+            return None
+        rows, length = segment.tokens.shape
+        offset = segment.cache[0].offset
+        batch = rows if isinstance(offset, mx.array) and offset.size > 1 else 1
+        half = rope.dims // 2
+        unit = mx.array([1.0, 0.0], dtype)
+        if rope.traditional:  # pairs (x[2i], x[2i+1])
+            probe = mx.tile(unit, half)
+        else:  # pairs (x[i], x[i + dims/2])
+            probe = mx.repeat(unit, half)
+        out = rope(mx.broadcast_to(probe, (batch, 1, length, rope.dims)), offset=offset)
+        cos, sin = (out[..., 0::2], out[..., 1::2]) if rope.traditional else \
+            (out[..., :half], out[..., half:])
+        return RopeTable((rope.dims, rope.traditional, rope.base, rope.scale, dtype), cos, sin)
+
+    def serves(self, rope: Any, dtype: mx.Dtype) -> bool:
+        """Whether the table is what `rope` computes for arrays of `dtype`."""
+        return type(rope) is nn.RoPE and \
+            (rope.dims, rope.traditional, rope.base, rope.scale, dtype) == self.key
+
+    def apply(self, x: mx.array) -> mx.array:
+        """What the rope returns for `x` (rows, heads, length, head dims): the fallback's ops
+        after its sines and cosines (mlx/fast.cpp, `rope`), in the same order."""
+        dims, traditional = self.key[0], self.key[1]
+        if traditional:
+            x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+        else:
+            x1, x2 = x[..., : dims // 2], x[..., dims // 2: dims]
+        first = x1 * self.cos - x2 * self.sin
+        second = x1 * self.sin + x2 * self.cos
+        rest = [x[..., dims:]] if dims < x.shape[-1] else []
+        if traditional:
+            out = mx.concatenate([first[..., None], second[..., None]], axis=-1)
+            out = out.reshape(*x.shape[:-1], dims)
+            return mx.concatenate([out, *rest], axis=-1) if rest else out
+        return mx.concatenate([first, second, *rest], axis=-1)
 
 
 @dataclass(frozen=True)

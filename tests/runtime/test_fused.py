@@ -12,9 +12,10 @@ from __future__ import annotations
 import random
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.models import llama, qwen2, qwen3
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from runtime.attention import FAST_SOFTMAX
 from runtime.blas import load_blas
@@ -122,3 +123,37 @@ def test_a_row_far_longer_than_the_rest_attends_apart_and_similar_rows_stay_toge
     assert groups.keys == (701, 13) and groups.padded == (False, True)
     near, = make_segments(model, 2, [300, 420, 380, 700], [])
     assert _row_groups(near) is None
+
+
+ROPES = {
+    "llama default": dict(dims=32, traditional=False, base=10000.0),
+    "traditional pairs": dict(dims=32, traditional=True, base=10000.0),
+    "linear scaling": dict(dims=32, traditional=False, base=500000.0, scale=0.25),
+    "partial (dims < head dims)": dict(dims=16, traditional=False, base=10000.0),
+    "partial, traditional": dict(dims=16, traditional=True, base=10000.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=str)
+@pytest.mark.parametrize("rope", ROPES)
+@pytest.mark.parametrize("offset", ["one row at 37", "rows at their own offsets"])
+def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset):
+    # Bit for bit whatever the BLAS or softmax: both are elementwise products and sums.
+    from runtime.fused import RopeTable
+    module = nn.RoPE(**ROPES[rope])
+    rows, length = (1, 5) if offset == "one row at 37" else (4, 1)
+    cache = KVCache()
+    cache.offset = 37
+    if rows > 1:
+        cache = BatchKVCache([3, 0, 9, 1])  # left padding: offsets differ row by row
+        cache.offset = mx.array([900, 12, 4000, 0])
+    segment = Segment(mx.zeros((rows, length), mx.int32), [cache], logits=True)
+    table = RopeTable.of(module, segment, dtype)
+    assert table is not None and table.serves(module, dtype)
+    x = (mx.random.normal((rows, 4, length, 32), key=mx.random.key(3)) * 3).astype(dtype)
+    got, want = table.apply(x), module(x, offset=cache.offset)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert mx.array_equal(got, want).item()
+    # The same rope on another dtype, or another rope, is not served by this table.
+    assert not table.serves(module, mx.float32 if dtype != mx.float32 else mx.float16)
+    assert not table.serves(nn.RoPE(ROPES[rope]["dims"], traditional=True, base=1.0), dtype)
