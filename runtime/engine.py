@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from runtime import attention
+from runtime import kernels
 from runtime.admission import Admission
 from runtime.api import (
     AbortCause,
@@ -185,9 +185,9 @@ class Engine:
     # -- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            # MLX keeps compiled functions per thread: trace the fast softmax on this one
-            # before any request (its kernel was built before the engine started).
-            attention.warm_up()
+            # MLX keeps compiled functions per thread: trace the compiled kernels on this one
+            # before any request (they were built before the engine started).
+            kernels.warm_up()
             while not self._stopping.is_set():
                 self._drain_inbox()
                 if not self._live:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from runtime import attention
+from runtime import kernels
 from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
@@ -82,7 +82,7 @@ class Executor:
         self.fused = fuse and can_fuse(self.model)
         self._forward = forward_fused if self.fused else forward_apart
         if self.fused:
-            attention.warm_up()
+            kernels.warm_up()
         log.info("executor: %s", "one forward per tick" if self.fused else
                  f"one forward per prefill slice and decode batch ({type(self.model).__module__}"
                  " is not fused)")

@@ -32,6 +32,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache
 
 from runtime.attention import attend
+from runtime.kernels import rms_norm, rotate
 from runtime.row_groups import split_rows
 
 # The attention and MLP classes whose __call__ `forward_fused` re-states, read line by line.
@@ -84,7 +85,7 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1
     for i, layer in enumerate(inner.layers):
-        x = layer.input_layernorm(h)
+        x = rms_norm(layer.input_layernorm, h)
         attn = layer.self_attn
         queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         if i == 0:  # every layer's positions are the first's
@@ -108,8 +109,8 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         else:
             att = _concat(outputs)
         h = h + attn.o_proj(att)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return _lm_head(model, inner.norm(h))
+        h = h + layer.mlp(rms_norm(layer.post_attention_layernorm, h))
+    return _lm_head(model, rms_norm(inner.norm, h))
 
 
 def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
@@ -191,8 +192,7 @@ class RopeTable:
             x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
         else:
             x1, x2 = x[..., : dims // 2], x[..., dims // 2: dims]
-        first = x1 * self.cos - x2 * self.sin
-        second = x1 * self.sin + x2 * self.cos
+        first, second = rotate(x1, x2, self.cos, self.sin)
         rest = [x[..., dims:]] if dims < x.shape[-1] else []
         if traditional:
             out = mx.concatenate([first[..., None], second[..., None]], axis=-1)

@@ -80,8 +80,9 @@ def serve_main(argv: Sequence[str]) -> int:
     from runtime.attention import fast_softmax_reason
 
     reason = fast_softmax_reason()
-    log.info("attention softmax: %s", "fast (compiled exp; $FAIRTICK_SOFTMAX=exact for MLX's)"
-             if reason is None else f"MLX's ({reason})")
+    log.info("attention softmax: %s", "fast (compiled exp, with compiled RMSNorm and rope "
+             "rotation; $FAIRTICK_SOFTMAX=exact for MLX's)" if reason is None
+             else f"MLX's ({reason}; RMSNorm and rope MLX's too)")
     app = create_app(config)
     app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
             single_process=True, motd=False, access_log=config.access_log)
@@ -116,11 +117,12 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     known, _ = pre.parse_known_args(argv)
     try:
         blas = _load_blas(known.blas)
-        from runtime import attention
+        from runtime import kernels
 
-        # $FAIRTICK_SOFTMAX checked, and the fast softmax's kernel built once here, before
-        # `fairtick cluster` starts replicas that would otherwise all build it at once.
-        attention.warm_up()
+        # $FAIRTICK_SOFTMAX checked, and the compiled kernels (softmax, RMSNorm, rope rotation)
+        # built once here, before `fairtick cluster` starts replicas that would otherwise all
+        # build them at once.
+        kernels.warm_up()
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
