@@ -16,7 +16,8 @@ cosines from scratch at every call (29 ops): two calls in each of a step's layer
 decode step's ops, and a short-context step's time is mostly its ops' count. A segment's
 positions are the same in every layer, so `forward_fused` takes the fallback's sines and
 cosines once per segment (`RopeTable`) and each layer applies them with the fallback's own
-remaining ops: bit for bit the same output.
+remaining ops (the rotation and the norms as compiled kernels: runtime/kernels.py): the same
+output, bit for bit.
 """
 
 from __future__ import annotations
