@@ -9,7 +9,7 @@ microseconds), so runtime/fused.py runs fewer:
   by the mean, add eps, rsqrt, two products) into one kernel: 4 ops.
 - `rotate`: the rotation a rope applies once it has its cosines and sines (fused.py's
   `RopeTable` reads those off the rope once per forward): the fallback's four products and two
-  sums in one kernel.
+  sums as one kernel per output (2 ops for 6, and their broadcasts).
 
 The kernels compute the fallback's float32 operations in its order, each rounded on its own:
 MLX builds them with `g++ -O3` for the default x86-64 target, which has no fused multiply-add
