@@ -18,6 +18,13 @@ positions are the same in every layer, so `forward_fused` takes the fallback's s
 cosines once per segment (`RopeTable`) and each layer applies them with the fallback's own
 remaining ops (the rotation and the norms as compiled kernels: runtime/kernels.py): the same
 output, bit for bit.
+
+MLX's CPU worker runs a graph only once it is handed over, and building a step's graph takes
+the engine thread ~1 ms; so each layer's output is handed to the worker (`mx.async_eval`) as
+soon as it is built, and the worker computes it while the engine builds the next layer. A tick
+with a prefill slice, which cannot queue its next step ahead, ran ~0.9 ms (1 slice token) to
+~1.2 ms (8) shorter in-process, next to 4 decode rows at context 4,096, and a decode-only step
+~0.5 ms (alternated A/B, 5 pairs each).
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     tables: list[RopeTable | None] = []
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1
+    early = mx.default_device() == mx.cpu
     for i, layer in enumerate(inner.layers):
         x = rms_norm(layer.input_layernorm, h)
         attn = layer.self_attn
@@ -111,6 +119,8 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
             att = _concat(outputs)
         h = h + attn.o_proj(att)
         h = h + layer.mlp(rms_norm(layer.post_attention_layernorm, h))
+        if early and i < last:
+            mx.async_eval(h)  # the worker starts on this layer while the next is built
     return _lm_head(model, rms_norm(inner.norm, h))
 
 
