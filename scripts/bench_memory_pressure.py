@@ -129,15 +129,19 @@ def measure(label: str, flags: list[str], max_tokens: list[int], out: Path, time
 def overflow(server: Server, budget: int, max_waiting: int, timeout_s: float) -> dict[str, Any]:
     """At once: as many prompts (1000 tokens, or an eighth of the budget if less) as the KV
     budget holds, max_waiting more to fill the queue, and 4 beyond: how many got 429, and
-    whether each 429 said when to come back."""
+    whether each 429 said when to come back. Each asks for as many tokens as the budget leaves
+    it, up to 256, so none finishes (and frees its place) before the last is sent: with 64, a
+    fast engine finished the first while the burst was still arriving and nothing was
+    refused."""
     prompt_tokens = max(16, min(1000, budget // 8))
-    count = budget // (prompt_tokens + 64) + max_waiting + 4
+    max_tokens = max(16, min(256, budget - prompt_tokens))
+    count = budget // (prompt_tokens + max_tokens) + max_waiting + 4
     replies: list[tuple[int, str | None]] = []
     lock = threading.Lock()
 
     def one(i: int) -> None:
         prompt = (prompt_of(100 + i) * 20)[:prompt_tokens - 1]  # one token a byte, and BOS
-        body = {"prompt": prompt, "max_tokens": 64, "temperature": 0}
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         try:
             r = exchange(server.url, "POST", "/v1/completions", body, timeout_s=timeout_s)
             with lock:
