@@ -9,7 +9,6 @@ fairtick's fast softmax (runtime/attention.py), whose last bits differ from MLX'
 
 from __future__ import annotations
 
-import platform
 import random
 
 import mlx.core as mx
@@ -22,6 +21,7 @@ from runtime.attention import FAST_SOFTMAX
 from runtime.blas import load_blas
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.model import BUILTIN_CONFIG
+from tests.runtime.test_kernels import EXACT as ROTATION_EXACT
 
 
 def blas_rows_independent() -> bool:
@@ -133,9 +133,6 @@ ROPES = {
     "partial (dims < head dims)": dict(dims=16, traditional=False, base=10000.0),
     "partial, traditional": dict(dims=16, traditional=True, base=10000.0),
 }
-
-
-ROTATION_EXACT = not FAST_SOFTMAX or platform.machine() in ("x86_64", "AMD64")
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=str)
