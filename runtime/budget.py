@@ -16,13 +16,18 @@ adds the mask's computation and application. The coefficients are refitted by no
 least squares, weighted for relative error, over the most recent ticks with slices and without
 (kept apart, so a long run of decode-only ticks does not push the slice ticks out).
 
-The slice that fits a target is the largest whose prediction, times the 0.9-quantile of
-measured/predicted over the recent ticks with slices (under the current fit), stays within it:
-the machine's noise around the model sets the margin. A slice is never more than twice the
-largest that met its target next to decode rows among the recent slice ticks, so slices start
-small and a model that errs (fitted on few-token slices, or misled by noise) grows them only
-by doubling, each step measured; "recent", because a prompt's context grows: a 200-token slice
-that fitted at context 0 says nothing about one at context 8,000.
+The slice that fits a target is the largest whose prediction, times the 0.95-quantile of
+measured/predicted over the last 64 ticks with slices (under the current fit), stays within it:
+the machine's noise around the model sets the margin, and the streams' p99 gap is what it must
+hold (with the 0.9-quantile over 32 ticks, ticks ran to 1.2-1.3x their target at p99). A slice
+is never more than twice the largest that met its target next to decode rows among the last 32
+slice ticks, so slices start small and a model that errs (fitted on few-token slices, or misled
+by noise) grows them only by doubling, each step measured; "recent", because a prompt's context
+grows: a 200-token slice that fitted at context 0 says nothing about one at context 8,000.
+
+The target itself is stated in the decode rows' own step (runtime/engine.py): its p95 measured
+before a prompt was parked (`CostModel.decode_step_p95_s`), times how much slower the rows'
+step has grown since (`DecodePace`, measured by probes while the prompt is parked).
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ _REFIT_EVERY = 4  # ticks with slices between least-squares fits (a fit takes ~0
 # step's target comes from measured steps (once 8 are alike), not the fit; fitting every 4 of
 # them cost ~4% of a 4-row decode step (0.2 of ~5 ms) while streams decode alone.
 _REFIT_EVERY_DECODE_ONLY = 32
-_MARGIN_QUANTILE = 0.9  # of measured/predicted, over recent ticks with slices
-_MARGIN_TICKS = 32  # the recent ticks with slices that the margin is taken over
+_MARGIN_QUANTILE = 0.95  # of measured/predicted, over recent ticks with slices
+_MARGIN_TICKS = 64  # the recent ticks with slices that the margin is taken over
+_MET_TICKS = 32  # the recent slice ticks whose largest slice that met its target caps the next
 _MARGIN_MIN_SAMPLES = 8
 _DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
 
@@ -86,6 +92,62 @@ class TickRecord:
     target_s: float | None
 
 
+class DecodePace:
+    """How much slower the decode rows' step runs now than when a prompt was parked beside them.
+
+    While a prompt is parked every tick carries one of its slices, so no decode-only tick
+    measures the streams' own step, and that step slows as their contexts grow: 4 rows of the
+    built-in model take ~3 ms a step at context 100 and ~8 ms at 3,000 (a decode row reads its
+    whole cache every step). So `probe` ticks run the decode rows in a forward of their own,
+    timed: the first `baseline` ticks of a parked run (the streams' pace when the prompt came)
+    and then one in every `every`. `growth` is the median of the last `recent` probes over the
+    median of the baseline ones (at least 1), for the same rows; new rows, or a tick without a
+    parked prompt in between, start a new baseline. The probes' own overhead (an unfused
+    forward) cancels in the ratio.
+    """
+
+    def __init__(self, every: int = 32, baseline: int = 3, recent: int = 3) -> None:
+        if every < 1 or baseline < 1 or recent < 1:
+            raise ValueError(f"every, baseline and recent must be >= 1, got {every}, "
+                             f"{baseline}, {recent}")
+        self._every, self._num_baseline = every, baseline
+        self._rows: tuple[int, ...] = ()
+        self._tick = -2  # the last parked tick seen
+        self._baseline: list[float] = []
+        self._recent: deque[float] = deque(maxlen=recent)
+        self._since = 0  # parked ticks since the last probe
+
+    def due(self, rows: Sequence[int], tick: int) -> bool:
+        """Whether parked tick `tick`, whose decode rows are the sequences `rows`, is a probe;
+        call once per parked tick, in tick order."""
+        rows = tuple(rows)
+        if rows != self._rows or tick != self._tick + 1:
+            self._rows, self._baseline, self._since = rows, [], 0
+            self._recent.clear()
+        self._tick = tick
+        self._since += 1
+        if len(self._baseline) < self._num_baseline or self._since >= self._every:
+            self._since = 0
+            return True
+        return False
+
+    def observe(self, rows: Sequence[int], seconds: float) -> None:
+        """The probe of decode rows `rows` took `seconds`."""
+        if tuple(rows) != self._rows or not seconds > 0:
+            return
+        if len(self._baseline) < self._num_baseline:
+            self._baseline.append(seconds)
+        else:
+            self._recent.append(seconds)
+
+    def growth(self, rows: Sequence[int]) -> float:
+        """The decode step of `rows` now over when their parked run began (1 until measured)."""
+        if tuple(rows) != self._rows or len(self._baseline) < self._num_baseline or \
+                not self._recent:
+            return 1.0
+        return max(1.0, float(np.median(list(self._recent)) / np.median(self._baseline)))
+
+
 class CostModel:
     """What ticks cost on this machine, learned from the ticks the engine runs."""
 
@@ -99,7 +161,7 @@ class CostModel:
         self._since_fit = 0
         # Per recent slice tick next to decode rows: its slice's tokens if it met its target,
         # else 0.
-        self._met: deque[int] = deque(maxlen=_MARGIN_TICKS)
+        self._met: deque[int] = deque(maxlen=_MET_TICKS)
         self.records: deque[TickRecord] = deque(maxlen=history)
 
     def predict_s(self, shape: TickShape) -> float | None:

@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -27,7 +27,7 @@ from runtime.api import (
     Sink,
     choice_sampling,
 )
-from runtime.budget import CostModel, SliceShape, TickShape
+from runtime.budget import CostModel, DecodePace, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.engine_config import EngineConfig
 from runtime.executor import Executor, SliceWork
@@ -71,6 +71,9 @@ class Engine:
         self.prefix_cache = self.prefixes.cache if self.prefixes is not None else None
         self.costs = CostModel()
         self._target_s: float | None = None  # the latency target this tick's slice is sized for
+        self.pace = DecodePace()  # the decode rows' step now, against when a prompt was parked
+        self._tick = 0  # the tick being scheduled
+        self._probe: list[int] | None = None  # this tick's decode rows, when it probes their pace
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
@@ -247,10 +250,10 @@ class Engine:
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
         start = time.perf_counter()
-        self._target_s = None
+        self._target_s, self._probe = None, None
         budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
-            plan_tick = self.scheduler.tick
+            plan_tick = self._tick = self.scheduler.tick
             plan = self.scheduler.schedule(budget)
         self._preempt(plan)
         if self.prefixes is not None:
@@ -271,22 +274,30 @@ class Engine:
             plan_tick, time.time() - (end - start), end - start, plan.decision.action,
             plan.decision.rule, len(plan.decode), sum(w.num_tokens for w in plan.prefills),
             kv_used))
-        self.costs.observe(shape, end - start, self._target_s)
+        if self._probe is None:  # a probe's two forwards are not the tick the model prices
+            self.costs.observe(shape, end - start, self._target_s)
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
     def _budget_tokens(self, state: TickState) -> int:
         # Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
-        # nothing measured yet; the policy's min slice then applies).
+        # nothing measured yet, or a tick that probes the rows' pace; the policy's min slice
+        # then applies). The target is stated in the rows' plain decode step as it runs now:
+        # its p95 measured before the prompt was parked, times how much slower their step has
+        # grown since (runtime.budget.DecodePace).
         chunk = self.config.prefill_chunk_size
         expr = self.policy.spec.tick_budget_ms
         if not state.num_decoding or not state.parked or expr is None:
             return chunk
-        rows = self.executor.decode_contexts()
+        rows, ids = self.executor.decode_contexts(), self.executor.decode_ids()
+        if self.pace.due(ids, self._tick):
+            self._probe = ids
+            return 0
         constrained = self.executor.num_constrained_decoding()
         decode_s = self.costs.decode_step_p95_s(rows, constrained)
         if decode_s is None:
             return 0
+        decode_s *= self.pace.growth(ids)
         self._target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
         context = max(self.executor.num_cached(p.seq_id) for p in state.parked)
         return self.costs.slice_tokens_within(self._target_s, rows, context, chunk, constrained)
@@ -321,10 +332,15 @@ class Engine:
         # request only, a fault in the decode step fails the decode batch.
         prefills = [w for w in plan.prefills if w.seq_id in self._live]
         decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
-        try:
-            tokens = self.executor.run(prefills, decode)
-        except Exception as exc:  # noqa: BLE001
-            tokens = self._run_apart(prefills, decode, exc)
+        if self._probe is not None and prefills and decode:
+            # The decode rows in a forward of their own, timed, then the slices.
+            start = time.perf_counter()
+            tokens = self._run_piece(decode=decode)
+            if all(seq_id in tokens for seq_id in decode):  # none failed
+                self.pace.observe(self._probe, time.perf_counter() - start)
+            tokens.update(self._run_piece(prefills=prefills))
+        else:
+            tokens = self._run_piece(prefills, decode)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
                                            if w.seq_id in self._live))
         return self._publish(tokens)
@@ -387,6 +403,14 @@ class Engine:
                 self._fail(seq_id, exc)
             return []
         return self._publish(tokens)
+
+    def _run_piece(self, prefills: Sequence[SliceWork] = (),
+                   decode: Sequence[int] = ()) -> dict[int, int]:
+        # One executor call; if it fails, its pieces run again apart (_run_apart).
+        try:
+            return self.executor.run(prefills, decode)
+        except Exception as exc:  # noqa: BLE001
+            return self._run_apart(list(prefills), list(decode), exc)
 
     def _run_apart(self, prefills: list[SliceWork], decode: list[int],
                    exc: Exception) -> dict[int, int]:

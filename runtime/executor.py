@@ -139,6 +139,10 @@ class Executor:
         """`num_cached` of every sequence that has finished its prompt (may decode)."""
         return [s.num_cached for s in self._seqs.values() if s.can_decode]
 
+    def decode_ids(self) -> list[int]:
+        """The sequences `decode_contexts` lists, in the same order."""
+        return [s.seq_id for s in self._seqs.values() if s.can_decode]
+
     def prefill(self, seq_id: int, num_tokens: int) -> int | None:
         """`run` with one prefill slice: the sequence's first token once its prompt is done."""
         return self.run([Slice(seq_id, num_tokens)], []).get(seq_id)

@@ -8,6 +8,7 @@ trace or from the order the engine published them."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import mlx.core as mx
 import pytest
@@ -97,6 +98,57 @@ def test_a_prompt_admitted_into_a_busy_batch_gets_its_token_while_they_decode(bu
     first = got.first_token_order("long")
     for rid in streams:
         assert got.last_order(rid) > first, f"{rid} finished before the prompt's first token"
+
+
+def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle, monkeypatch):
+    # token_budget sizes slices to a target stated in the streams' decode step, which slows as
+    # their contexts grow while the prompt prefills: the first 3 parked ticks and then one in
+    # 32 run the decode rows in a forward of their own (timed), then the policy's min slice.
+    engine = make_engine(bundle, "token_budget")
+    calls: list[tuple[list[tuple[int, int]], list[int]]] = []
+    run = engine.executor.run
+
+    def spy(prefills, decode):
+        calls.append(([(w.seq_id, w.num_tokens) for w in prefills], list(decode)))
+        return run(prefills, decode)
+
+    monkeypatch.setattr(engine.executor, "run", spy)
+    got, streams = Collector(), ["s0", "s1"]
+    long = prompt(3000, 7)
+    try:
+        for i, rid in enumerate(streams):
+            submit(engine, got, rid, prompt(8, 100 + i), max_tokens=1000)
+        wait_until(lambda: all(len(got.tokens(r)) >= 20 for r in streams))
+        submit(engine, got, "long", long, max_tokens=4)
+        got.wait("long")
+        for rid in streams:
+            engine.abort(rid)
+        got.wait(*streams)
+    finally:
+        engine.stop()
+    assert got.tokens("long") == reference(bundle, long, 4)
+    # Ticks with the prompt's slices while the streams decoded: one call, or a probe's two.
+    # The prompt is the one sequence prefilled over many ticks (each stream's took one).
+    slices = Counter(seq_id for prefills, _ in calls for seq_id, _ in prefills)
+    long_id = slices.most_common(1)[0][0]
+    ticks, i = [], 0
+    while i < len(calls):
+        prefills, decode = calls[i]
+        if prefills == [] and decode and i + 1 < len(calls) and calls[i + 1][0] and \
+                calls[i + 1][0][0][0] == long_id and not calls[i + 1][1]:
+            ticks.append(("probe", calls[i + 1][0][0][1]))
+            i += 2
+            continue
+        if prefills and prefills[0][0] == long_id and decode:
+            ticks.append(("fused", prefills[0][1]))
+        i += 1
+    kinds = [kind for kind, _ in ticks]
+    assert len(ticks) > 40, "too few parked ticks to see a later probe"
+    assert kinds[:3] == ["probe"] * 3
+    assert [n for kind, n in ticks if kind == "probe"] == [1] * kinds.count("probe")
+    later = [j for j, kind in enumerate(kinds) if kind == "probe" and j >= 3]
+    assert later and later[0] == 34
+    assert [b - a for a, b in zip(later, later[1:], strict=False)] == [32] * (len(later) - 1)
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
