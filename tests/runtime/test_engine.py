@@ -289,13 +289,18 @@ def test_trace_holds_only_declared_transitions(bundle):
     assert all((e["from"], e["trigger"], e["to"]) in edges for e in events)
 
 
-def test_a_fault_in_one_request_fails_only_that_request(bundle):
-    engine, got = make_engine(bundle, "mixed_step"), Collector()
+# token_budget: the poisoned prompt's first slices come in the ticks that probe the streams'
+# pace (the decode rows' forward, then the slice's), so the fault is in the second forward.
+@pytest.mark.parametrize("policy", ["mixed_step", "token_budget"])
+def test_a_fault_in_one_request_fails_only_that_request(bundle, policy):
+    engine, got = make_engine(bundle, policy), Collector()
     poisoned = prompt(40, 5)
     real_run = engine.executor.run
+    faults: list[bool] = []  # per fault: whether decode rows were in the call
 
     def run(prefills, decode):  # fault injection: a tick with the poisoned prompt's prefill
         if any(engine.executor.prompt_left(w.seq_id) == len(poisoned) for w in prefills):
+            faults.append(bool(decode))
             raise RuntimeError("injected fault")
         return real_run(prefills, decode)
 
@@ -312,6 +317,7 @@ def test_a_fault_in_one_request_fails_only_that_request(bundle):
     finally:
         engine.stop()
     assert got.last("bad").finish_reason == "error" and "injected fault" in got.last("bad").error
+    assert faults[0] is (policy == "mixed_step")  # token_budget: in a probe's own slice forward
     for rid, n in (("ok1", 30), ("ok2", 30), ("after", 5)):
         assert got.last(rid).finish_reason == "length" and len(got.tokens(rid)) == n
     assert engine.admission.num_queued == 0
