@@ -1,10 +1,13 @@
 """The tick cost model against measured ticks: its prediction error and how far ticks overshoot.
 
 For each stream count S: an in-process engine (policy token_budget, whose slices the cost model
-sizes to `itl_factor` x the predicted decode step) runs S decoding streams; after a quiet window
-one long prompt arrives and prefills in budgeted slices next to them; the streams are aborted
-once it has its first token. Every tick's prediction is the one the model made before the tick
-ran (runtime/budget.py records it), so the error is what the engine met online.
+sizes to `itl_factor` x the streams' decode-step p95 as the engine measures it, grown by its
+probes of their step while the prompt is parked: runtime/budget.py) runs S decoding streams;
+after a quiet window one long prompt arrives and prefills in budgeted slices next to them; the
+streams are aborted once it has its first token. Every tick's prediction is the one the model
+made before the tick ran (runtime/budget.py records it), so the error is what the engine met
+online. The ticks that probe the streams' step (decode rows and slice in two forwards) are not
+the model's and are not in its records.
 
 Prints, per S: the relative prediction error |predicted / measured - 1| (p50/p95/p99/max) over
 decode-only ticks, over ticks with a slice, and over every tick after the model's first 100;
