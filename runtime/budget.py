@@ -106,11 +106,11 @@ class DecodePace:
     forward) cancels in the ratio.
     """
 
-    def __init__(self, every: int = 32, baseline: int = 3, recent: int = 3) -> None:
+    def __init__(self, every: int = 16, baseline: int = 5, recent: int = 5) -> None:
         if every < 1 or baseline < 1 or recent < 1:
             raise ValueError(f"every, baseline and recent must be >= 1, got {every}, "
                              f"{baseline}, {recent}")
-        self._every, self._num_baseline = every, baseline
+        self.every, self.baseline = every, baseline
         self._rows: tuple[int, ...] = ()
         self._tick = -2  # the last parked tick seen
         self._baseline: list[float] = []
@@ -126,7 +126,7 @@ class DecodePace:
             self._recent.clear()
         self._tick = tick
         self._since += 1
-        if len(self._baseline) < self._num_baseline or self._since >= self._every:
+        if len(self._baseline) < self.baseline or self._since >= self.every:
             self._since = 0
             return True
         return False
@@ -135,14 +135,14 @@ class DecodePace:
         """The probe of decode rows `rows` took `seconds`."""
         if tuple(rows) != self._rows or not seconds > 0:
             return
-        if len(self._baseline) < self._num_baseline:
+        if len(self._baseline) < self.baseline:
             self._baseline.append(seconds)
         else:
             self._recent.append(seconds)
 
     def growth(self, rows: Sequence[int]) -> float:
         """The decode step of `rows` now over when their parked run began (1 until measured)."""
-        if tuple(rows) != self._rows or len(self._baseline) < self._num_baseline or \
+        if tuple(rows) != self._rows or len(self._baseline) < self.baseline or \
                 not self._recent:
             return 1.0
         return max(1.0, float(np.median(list(self._recent)) / np.median(self._baseline)))

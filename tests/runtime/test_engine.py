@@ -102,8 +102,8 @@ def test_a_prompt_admitted_into_a_busy_batch_gets_its_token_while_they_decode(bu
 
 def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle, monkeypatch):
     # token_budget sizes slices to a target stated in the streams' decode step, which slows as
-    # their contexts grow while the prompt prefills: the first 3 parked ticks and then one in
-    # 32 run the decode rows in a forward of their own (timed), then the policy's min slice.
+    # their contexts grow while the prompt prefills: the first parked ticks and then one in
+    # `every` run the decode rows in a forward of their own (timed), then the policy's min slice.
     engine = make_engine(bundle, "token_budget")
     calls: list[tuple[list[tuple[int, int]], list[int]]] = []
     run = engine.executor.run
@@ -143,12 +143,13 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
             ticks.append(("fused", prefills[0][1]))
         i += 1
     kinds = [kind for kind, _ in ticks]
-    assert len(ticks) > 40, "too few parked ticks to see a later probe"
-    assert kinds[:3] == ["probe"] * 3
+    first, every = engine.pace.baseline, engine.pace.every
+    assert len(ticks) > first + 2 * every, "too few parked ticks to see later probes"
+    assert kinds[:first + 1] == ["probe"] * first + ["fused"]
     assert [n for kind, n in ticks if kind == "probe"] == [1] * kinds.count("probe")
-    later = [j for j, kind in enumerate(kinds) if kind == "probe" and j >= 3]
-    assert later and later[0] == 34
-    assert [b - a for a, b in zip(later, later[1:], strict=False)] == [32] * (len(later) - 1)
+    later = [j for j, kind in enumerate(kinds) if kind == "probe" and j >= first]
+    assert later and later[0] == first - 1 + every
+    assert [b - a for a, b in zip(later, later[1:], strict=False)] == [every] * (len(later) - 1)
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
@@ -299,7 +300,8 @@ def test_a_fault_in_one_request_fails_only_that_request(bundle, policy):
     faults: list[bool] = []  # per fault: whether decode rows were in the call
 
     def run(prefills, decode):  # fault injection: a tick with the poisoned prompt's prefill
-        if any(engine.executor.prompt_left(w.seq_id) == len(poisoned) for w in prefills):
+        if any(engine.executor.num_cached(w.seq_id) == 0 and  # its first slice
+               engine.executor.prompt_left(w.seq_id) == len(poisoned) for w in prefills):
             faults.append(bool(decode))
             raise RuntimeError("injected fault")
         return real_run(prefills, decode)
