@@ -50,6 +50,7 @@ _MARGIN_TICKS = 64  # the recent ticks with slices that the margin is taken over
 _MET_TICKS = 32  # the recent slice ticks whose largest slice that met its target caps the next
 _MARGIN_MIN_SAMPLES = 8
 _DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
+_STEP_TICKS = 512  # the recent decode-only ticks whose p95 is the decode step's
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,14 @@ class DecodePace:
     """How much slower the decode rows' step runs now than when a prompt was parked beside them.
 
     While a prompt is parked every tick carries one of its slices, so no decode-only tick
-    measures the streams' own step, and that step slows as their contexts grow: 4 rows of the
-    built-in model take ~3 ms a step at context 100 and ~8 ms at 3,000 (a decode row reads its
-    whole cache every step). So `probe` ticks run the decode rows in a forward of their own,
-    timed: the first `baseline` ticks of a parked run (the streams' pace when the prompt came)
-    and then one in every `every`. `growth` is the median of the last `recent` probes over the
-    median of the baseline ones (at least 1), for the same rows; new rows, or a tick without a
-    parked prompt in between, start a new baseline. The probes' own overhead (an unfused
-    forward) cancels in the ratio.
+    measures the streams' own step, and that step slows as their contexts grow (a decode row
+    reads its whole cache every step). So `probe` ticks run the decode rows in a forward of
+    their own, timed: the first `baseline` ticks of a parked run (the streams' pace when the
+    prompt came) and then one in every `every`. `growth` is the median of the last `recent`
+    probes over the median of the baseline ones (at least 1), for the same rows; new rows, or a
+    tick without a parked prompt in between, start a new baseline. The probes' own overhead (an
+    unfused forward) cancels in the ratio. The probes time the machine too: load that comes
+    while a prompt is parked raises the growth as a longer context would.
     """
 
     def __init__(self, every: int = 16, baseline: int = 5, recent: int = 5) -> None:
@@ -156,6 +157,10 @@ class CostModel:
             raise ValueError(f"window must be >= 8 and history >= 1, got {window}, {history}")
         self._with_slices: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
         self._without: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        # (rows, constrained rows, seconds) of the recent decode-only ticks, for their p95: a
+        # longer window than the fit's, so a burst of noise a few dozen ticks long (a shared
+        # machine's) does not make the p95.
+        self._steps: deque[tuple[int, int, float]] = deque(maxlen=_STEP_TICKS)
         self._coef: np.ndarray | None = None
         self._margin = 1.0
         self._since_fit = 0
@@ -181,6 +186,8 @@ class CostModel:
             met = seconds <= target_s
             self._met.append(max(s.num_tokens for s in shape.slices) if met else 0)
         (self._with_slices if shape.slices else self._without).append((features, seconds))
+        if not shape.slices:
+            self._steps.append((len(shape.decode_contexts), shape.constrained_rows, seconds))
         self._since_fit += 1
         every = _REFIT_EVERY if shape.slices else _REFIT_EVERY_DECODE_ONLY
         if self._coef is None or self._since_fit >= every:
@@ -197,8 +204,9 @@ class CostModel:
         model's prediction times the 0.95-quantile of measured / predicted over the recent
         decode-only ticks (the machine's tail, which a fit of the mean leaves out). None until
         something is measured."""
-        like = [seconds for features, seconds in self._without
-                if features[2] == len(decode_contexts) and features[6] == constrained_rows]
+        key = (len(decode_contexts), constrained_rows)
+        like = [seconds for rows, constrained, seconds in self._steps
+                if (rows, constrained) == key]
         if len(like) >= _MARGIN_MIN_SAMPLES:
             return float(np.quantile(like, _DECODE_QUANTILE))
         predicted = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows))
