@@ -103,8 +103,10 @@ class DecodePace:
     prompt came) and then one in every `every`. `growth` is the median of the last `recent`
     probes over the median of the baseline ones (at least 1), for the same rows; new rows, or a
     tick without a parked prompt in between, start a new baseline. The probes' own overhead (an
-    unfused forward) cancels in the ratio. The probes time the machine too: load that comes
-    while a prompt is parked raises the growth as a longer context would.
+    unfused forward) cancels in the ratio. The probes time the machine too, so load that comes
+    while a prompt is parked would raise the growth as a longer context does; the growth is
+    therefore never more than the rows' context explains: the keys they attend now over then
+    (a step that costs a + b * keys, a and b >= 0, grows by at most the keys' ratio).
     """
 
     def __init__(self, every: int = 16, baseline: int = 5, recent: int = 5) -> None:
@@ -114,8 +116,8 @@ class DecodePace:
         self.every, self.baseline = every, baseline
         self._rows: tuple[int, ...] = ()
         self._tick = -2  # the last parked tick seen
-        self._baseline: list[float] = []
-        self._recent: deque[float] = deque(maxlen=recent)
+        self._baseline: list[tuple[float, int]] = []  # (seconds, keys) of each probe
+        self._recent: deque[tuple[float, int]] = deque(maxlen=recent)
         self._since = 0  # parked ticks since the last probe
 
     def due(self, rows: Sequence[int], tick: int) -> bool:
@@ -132,21 +134,22 @@ class DecodePace:
             return True
         return False
 
-    def observe(self, rows: Sequence[int], seconds: float) -> None:
-        """The probe of decode rows `rows` took `seconds`."""
-        if tuple(rows) != self._rows or not seconds > 0:
+    def observe(self, rows: Sequence[int], seconds: float, keys: int) -> None:
+        """The probe of decode rows `rows`, attending `keys` keys in all, took `seconds`."""
+        if tuple(rows) != self._rows or not seconds > 0 or keys < 1:
             return
         if len(self._baseline) < self.baseline:
-            self._baseline.append(seconds)
+            self._baseline.append((seconds, keys))
         else:
-            self._recent.append(seconds)
+            self._recent.append((seconds, keys))
 
     def growth(self, rows: Sequence[int]) -> float:
         """The decode step of `rows` now over when their parked run began (1 until measured)."""
         if tuple(rows) != self._rows or len(self._baseline) < self.baseline or \
                 not self._recent:
             return 1.0
-        return max(1.0, float(np.median(list(self._recent)) / np.median(self._baseline)))
+        now, then = np.median(list(self._recent), axis=0), np.median(self._baseline, axis=0)
+        return max(1.0, float(min(now[0] / then[0], now[1] / then[1])))
 
 
 class CostModel:

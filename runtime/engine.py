@@ -73,7 +73,8 @@ class Engine:
         self._target_s: float | None = None  # the latency target this tick's slice is sized for
         self.pace = DecodePace()  # the decode rows' step now, against when a prompt was parked
         self._tick = 0  # the tick being scheduled
-        self._probe: list[int] | None = None  # this tick's decode rows, when it probes their pace
+        # This tick's decode rows and the keys they attend, when it probes their pace.
+        self._probe: tuple[list[int], int] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
@@ -291,7 +292,7 @@ class Engine:
             return chunk
         rows, ids = self.executor.decode_contexts(), self.executor.decode_ids()
         if self.pace.due(ids, self._tick):
-            self._probe = ids
+            self._probe = ids, sum(c + 1 for c in rows)
             return 0
         constrained = self.executor.num_constrained_decoding()
         decode_s = self.costs.decode_step_p95_s(rows, constrained)
@@ -337,7 +338,8 @@ class Engine:
             start = time.perf_counter()
             tokens = self._run_piece(decode=decode)
             if all(seq_id in tokens for seq_id in decode):  # none failed
-                self.pace.observe(self._probe, time.perf_counter() - start)
+                rows, keys = self._probe
+                self.pace.observe(rows, time.perf_counter() - start, keys)
             tokens.update(self._run_piece(prefills=prefills))
         else:
             tokens = self._run_piece(prefills, decode)

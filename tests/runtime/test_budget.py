@@ -253,13 +253,17 @@ def test_the_decode_step_p95_is_the_prediction_while_few_decode_ticks_were_seen(
 
 
 def run_parked(pace: DecodePace, rows: tuple[int, ...], ticks: range,
-               step_s: Callable[[int], float]) -> list[int]:
-    """Parked ticks in order, each probe measuring `step_s(tick)`; the ticks that probed."""
+               step_s: Callable[[int], float],
+               keys: Callable[[int], int] | None = None) -> list[int]:
+    """Parked ticks in order, each probe measuring `step_s(tick)` with the rows attending
+    `keys(tick)` keys (default: keys in proportion to the step, all of it explained by context);
+    the ticks that probed."""
     probed = []
     for tick in ticks:
         if pace.due(rows, tick):
             probed.append(tick)
-            pace.observe(rows, step_s(tick))
+            pace.observe(rows, step_s(tick),
+                         keys(tick) if keys is not None else round(step_s(tick) * 1e9))
     return probed
 
 
@@ -278,6 +282,19 @@ def test_the_pace_is_the_recent_probes_median_over_the_baselines():
     assert probed[:3] == [0, 1, 2] and probed[-3:] == [90, 94, 98]
     # Medians: baseline 1.01x (ticks 0-2), recent 1.98x (90, 94 (outlier), 98).
     assert pace.growth(rows) == pytest.approx(1.98 / 1.01)
+
+
+def test_the_pace_never_grows_past_what_the_rows_context_explains():
+    # 4 rows at 1,000 keys each when the prompt came, 1,500 now: a step that costs a + b * keys
+    # grows at most 1.5x; the probes say 3x (the machine got busier), so the growth is 1.5.
+    pace = DecodePace(every=4, baseline=3, recent=3)
+    rows = (1, 2, 3, 4)
+    run_parked(pace, rows, range(40), lambda tick: 0.003 if tick < 3 else 0.009,
+               keys=lambda tick: 4000 if tick < 3 else 6000)
+    assert pace.growth(rows) == pytest.approx(1.5)
+    # Slower by less than the keys explain: the probes' ratio.
+    run_parked(pace, rows, range(40, 60), lambda tick: 0.0039, keys=lambda tick: 6000)
+    assert pace.growth(rows) == pytest.approx(1.3)
 
 
 def test_the_pace_is_one_until_measured_and_never_below_one():
@@ -303,7 +320,7 @@ def test_new_rows_or_a_break_in_the_parked_ticks_start_a_new_baseline():
     assert run_parked(pace, (1, 2, 3), range(30, 33), lambda tick: 0.009) == [30, 31, 32]
     assert pace.growth((1, 2, 3)) == 1.0
     # A probe of rows other than the ones the pace follows now is not theirs.
-    pace.observe((1, 2), 1.0)
+    pace.observe((1, 2), 1.0, 10_000)
     assert run_parked(pace, (1, 2, 3), range(33, 40), lambda tick: 0.018) == [36]
     assert pace.growth((1, 2, 3)) == pytest.approx(2.0)
 
