@@ -27,7 +27,6 @@ from runtime.api import (
     Sink,
     choice_sampling,
 )
-from runtime.budget import CostModel, DecodePace, SliceShape, TickShape
 from runtime.capacity import make_kv_budget
 from runtime.engine_config import EngineConfig
 from runtime.executor import Executor, SliceWork
@@ -38,9 +37,10 @@ from runtime.model import ModelBundle, load_model
 from runtime.outcomes import record_outcome
 from runtime.prefix_reuse import PrefixReuse
 from runtime.requests import LiveRequest
+from runtime.tick_budget import TickBudget
 from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
-from statemachine.tick import TickState, make_policy
+from statemachine.tick import make_policy
 from statemachine.trace import TickRecord, TraceEvent, TraceLog
 from statemachine.world import Layout, Plan, admissible
 
@@ -69,12 +69,7 @@ class Engine:
         self.executor = Executor(self.bundle)
         self.prefixes = self._make_prefix_reuse()
         self.prefix_cache = self.prefixes.cache if self.prefixes is not None else None
-        self.costs = CostModel()
-        self._target_s: float | None = None  # the latency target this tick's slice is sized for
-        self.pace = DecodePace()  # the decode rows' step now, against when a prompt was parked
-        self._tick = 0  # the tick being scheduled
-        # This tick's decode rows and the keys they attend, when it probes their pace.
-        self._probe: tuple[list[int], int] | None = None
+        self.budget = TickBudget(self.policy, self.executor, config.prefill_chunk_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards the scheduler against snapshot() readers
@@ -251,16 +246,16 @@ class Engine:
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
         start = time.perf_counter()
-        self._target_s, self._probe = None, None
-        budget = self._budget_tokens if self.policy.spec.tick_budget_ms is not None else None
+        budget = self.budget.slice_tokens if self.policy.spec.tick_budget_ms is not None else None
         with self._lock:
-            plan_tick = self._tick = self.scheduler.tick
+            plan_tick = self.scheduler.tick
+            self.budget.begin(plan_tick)
             plan = self.scheduler.schedule(budget)
         self._preempt(plan)
         if self.prefixes is not None:
             self.prefixes.fit(plan.world.seqs)
         self._note_admissions(time.monotonic())
-        shape = self._shape(plan)
+        shape = self.budget.shape(plan.prefills, plan.decode)
         executing = time.perf_counter()
         finished = self._execute(plan)
         applying = time.perf_counter()
@@ -275,33 +270,9 @@ class Engine:
             plan_tick, time.time() - (end - start), end - start, plan.decision.action,
             plan.decision.rule, len(plan.decode), sum(w.num_tokens for w in plan.prefills),
             kv_used))
-        if self._probe is None:  # a probe's two forwards are not the tick the model prices
-            self.costs.observe(shape, end - start, self._target_s)
+        self.budget.observe(shape, end - start)
         self.metrics.tick_duration.observe(end - start)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
-
-    def _budget_tokens(self, state: TickState) -> int:
-        # Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
-        # nothing measured yet, or a tick that probes the rows' pace; the policy's min slice
-        # then applies). The target is stated in the rows' plain decode step as it runs now:
-        # its p95 measured before the prompt was parked, times how much slower their step has
-        # grown since (runtime.budget.DecodePace).
-        chunk = self.config.prefill_chunk_size
-        expr = self.policy.spec.tick_budget_ms
-        if not state.num_decoding or not state.parked or expr is None:
-            return chunk
-        rows, ids = self.executor.decode_contexts(), self.executor.decode_ids()
-        if self.pace.due(ids, self._tick):
-            self._probe = ids, sum(c + 1 for c in rows)
-            return 0
-        constrained = self.executor.num_constrained_decoding()
-        decode_s = self.costs.decode_step_p95_s(rows, constrained)
-        if decode_s is None:
-            return 0
-        decode_s *= self.pace.growth(ids)
-        self._target_s = expr({**self.policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
-        context = max(self.executor.num_cached(p.seq_id) for p in state.parked)
-        return self.costs.slice_tokens_within(self._target_s, rows, context, chunk, constrained)
 
     def _preempt(self, plan: Plan) -> None:
         # A preempted sequence drops its KV (re-prefilled later from prompt + output); a
@@ -315,31 +286,18 @@ class Engine:
                 if kind == "drop" and event.seq_id in self.executor:
                     self.executor.evict(event.seq_id)
 
-    def _shape(self, plan: Plan) -> TickShape:
-        ex = self.executor
-        decode = [s for s in plan.decode if s in ex]
-        prefills = [w for w in plan.prefills if w.seq_id in ex]
-        # Rows a grammar masks: constrained decode rows and constrained prompts this tick ends.
-        constrained = sum(ex.is_constrained(s) for s in decode) + sum(
-            ex.is_constrained(w.seq_id) for w in prefills if w.num_tokens >= ex.prompt_left(
-                w.seq_id))
-        return TickShape(tuple(ex.num_cached(s) for s in decode),
-                         tuple(SliceShape(w.num_tokens, ex.num_cached(w.seq_id))
-                               for w in prefills), constrained)
-
     def _execute(self, plan: Plan) -> list[int]:
         # The tick is one executor call. If it fails, the executor has left every sequence as
         # it was and the pieces run again apart: a fault in one request's work fails that
         # request only, a fault in the decode step fails the decode batch.
         prefills = [w for w in plan.prefills if w.seq_id in self._live]
         decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
-        if self._probe is not None and prefills and decode:
+        if self.budget.probe is not None and prefills and decode:
             # The decode rows in a forward of their own, timed, then the slices.
             start = time.perf_counter()
             tokens = self._run_piece(decode=decode)
             if all(seq_id in tokens for seq_id in decode):  # none failed
-                rows, keys = self._probe
-                self.pace.observe(rows, time.perf_counter() - start, keys)
+                self.budget.observe_probe(time.perf_counter() - start)
             tokens.update(self._run_piece(prefills=prefills))
         else:
             tokens = self._run_piece(prefills, decode)

@@ -113,7 +113,8 @@ def main() -> None:
         engine.stop()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     rows = (32 + args.tokens,) * args.streams
-    predicted = {c: engine.costs.predict_s(TickShape(rows, (), c)) for c in (0, 1, args.streams)}
+    costs = engine.budget.costs
+    predicted = {c: costs.predict_s(TickShape(rows, (), c)) for c in (0, 1, args.streams)}
     print("cost model, a decode step of", args.streams, "rows at context", rows[0], "predicted:",
           ", ".join(f"{c} masked {1e3 * s:.2f} ms" for c, s in predicted.items() if s))
     for r in range(args.rounds):

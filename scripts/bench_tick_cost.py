@@ -90,7 +90,7 @@ def run(bundle: ModelBundle, streams: int, prompt_tokens: int, quiet_ticks: int,
     finally:
         engine.stop()
     ttft = got.first_token_time("long") - arrival
-    return summarize(list(engine.costs.records), got, ids, arrival, ttft)
+    return summarize(list(engine.budget.costs.records), got, ids, arrival, ttft)
 
 
 def summarize(records: list[TickRecord], got: TimedCollector, ids: list[str], arrival: float,

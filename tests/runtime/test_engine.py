@@ -143,7 +143,7 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
             ticks.append(("fused", prefills[0][1]))
         i += 1
     kinds = [kind for kind, _ in ticks]
-    first, every = engine.pace.baseline, engine.pace.every
+    first, every = engine.budget.pace.baseline, engine.budget.pace.every
     assert len(ticks) > first + 2 * every, "too few parked ticks to see later probes"
     assert kinds[:first + 1] == ["probe"] * first + ["fused"]
     assert [n for kind, n in ticks if kind == "probe"] == [1] * kinds.count("probe")

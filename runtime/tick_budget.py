@@ -1,0 +1,82 @@
+"""A tick's latency budget for a policy with `tick_budget_ms`: how many prompt tokens its slice
+may hold, and which ticks probe the streams' pace.
+
+The target is the policy's `tick_budget_ms` over `decode_step_ms`, the rows' plain decode step
+as it runs now: its p95 measured before the prompt was parked (`CostModel.decode_step_p95_s`),
+times how much slower their step has grown since (`DecodePace`, from probe ticks that run the
+decode rows in a forward of their own). The slice is the largest the cost model predicts fits
+it (`CostModel.slice_tokens_within`). Every tick, budgeted or not, is priced by the cost model
+afterwards, except a probe: its two forwards are not the tick the model prices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.budget import CostModel, DecodePace, SliceShape, TickShape
+from runtime.executor import Executor, SliceWork
+from statemachine.tick import Policy, TickState
+
+
+class TickBudget:
+    """One engine's cost model, pace and this tick's target. The engine thread calls it: `begin`
+    at the start of each tick, `slice_tokens` from the scheduler (the policy's budget), `shape`
+    and `observe` around the tick, `observe_probe` with a probe's decode forward."""
+
+    def __init__(self, policy: Policy, executor: Executor, chunk: int) -> None:
+        self.costs = CostModel()
+        self.pace = DecodePace()
+        self._policy, self._executor, self._chunk = policy, executor, chunk
+        self._tick = 0
+        self.target_s: float | None = None  # the latency target this tick's slice is sized for
+        # This tick's decode rows and the keys they attend, when it probes their pace.
+        self.probe: tuple[list[int], int] | None = None
+
+    def begin(self, tick: int) -> None:
+        """Tick `tick` starts: nothing sized or probed yet."""
+        self._tick, self.target_s, self.probe = tick, None, None
+
+    def slice_tokens(self, state: TickState) -> int:
+        """Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
+        nothing measured yet, or a tick that probes the rows' pace; the policy's min slice then
+        applies)."""
+        expr, ex = self._policy.spec.tick_budget_ms, self._executor
+        if not state.num_decoding or not state.parked or expr is None:
+            return self._chunk
+        rows, ids = ex.decode_contexts(), ex.decode_ids()
+        if self.pace.due(ids, self._tick):
+            self.probe = ids, sum(c + 1 for c in rows)
+            return 0
+        constrained = ex.num_constrained_decoding()
+        decode_s = self.costs.decode_step_p95_s(rows, constrained)
+        if decode_s is None:
+            return 0
+        decode_s *= self.pace.growth(ids)
+        self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        context = max(ex.num_cached(p.seq_id) for p in state.parked)
+        return self.costs.slice_tokens_within(self.target_s, rows, context, self._chunk,
+                                              constrained)
+
+    def shape(self, prefills: Sequence[SliceWork], decode: Sequence[int]) -> TickShape:
+        """What a tick that runs these slices and decode rows is, as the cost model sees it."""
+        ex = self._executor
+        decode = [s for s in decode if s in ex]
+        prefills = [w for w in prefills if w.seq_id in ex]
+        # Rows a grammar masks: constrained decode rows and constrained prompts this tick ends.
+        constrained = sum(ex.is_constrained(s) for s in decode) + sum(
+            ex.is_constrained(w.seq_id) for w in prefills if w.num_tokens >= ex.prompt_left(
+                w.seq_id))
+        return TickShape(tuple(ex.num_cached(s) for s in decode),
+                         tuple(SliceShape(w.num_tokens, ex.num_cached(w.seq_id))
+                               for w in prefills), constrained)
+
+    def observe(self, shape: TickShape, seconds: float) -> None:
+        """The tick ran `shape` in `seconds`."""
+        if self.probe is None:
+            self.costs.observe(shape, seconds, self.target_s)
+
+    def observe_probe(self, seconds: float) -> None:
+        """This tick's probe: its decode rows' own forward took `seconds`."""
+        assert self.probe is not None
+        rows, keys = self.probe
+        self.pace.observe(rows, seconds, keys)
