@@ -25,7 +25,7 @@ slice ticks, so slices start small and a model that errs (fitted on few-token sl
 by noise) grows them only by doubling, each step measured; "recent", because a prompt's context
 grows: a 200-token slice that fitted at context 0 says nothing about one at context 8,000.
 
-The target itself is stated in the decode rows' own step (runtime/engine.py): its p95 measured
+The target itself is stated in the decode rows' own step (runtime/tick_budget.py): its p95 measured
 before a prompt was parked (`CostModel.decode_step_p95_s`), times how much slower the rows'
 step has grown since (`DecodePace`, measured by probes while the prompt is parked).
 """
