@@ -287,9 +287,10 @@ class Engine:
                     self.executor.evict(event.seq_id)
 
     def _execute(self, plan: Plan) -> list[int]:
-        # The tick is one executor call. If it fails, the executor has left every sequence as
-        # it was and the pieces run again apart: a fault in one request's work fails that
-        # request only, a fault in the decode step fails the decode batch.
+        # The tick is one executor call (two on a tick that probes the streams' pace: the
+        # decode rows', timed, then the slices'). If it fails, the executor has left every
+        # sequence as it was and the pieces run again apart: a fault in one request's work
+        # fails that request only, a fault in the decode step fails the decode batch.
         prefills = [w for w in plan.prefills if w.seq_id in self._live]
         decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
         if self.budget.probe is not None and prefills and decode:
