@@ -135,13 +135,9 @@ class Executor:
         """Sequences that have finished their prompt (may decode) and carry a grammar."""
         return sum(1 for s in self._seqs.values() if s.can_decode and s.matcher is not None)
 
-    def decode_contexts(self) -> list[int]:
-        """`num_cached` of every sequence that has finished its prompt (may decode)."""
-        return [s.num_cached for s in self._seqs.values() if s.can_decode]
-
-    def decode_ids(self) -> list[int]:
-        """The sequences `decode_contexts` lists, in the same order."""
-        return [s.seq_id for s in self._seqs.values() if s.can_decode]
+    def decode_rows(self) -> list[tuple[int, int]]:
+        """(seq_id, num_cached) of every sequence that has finished its prompt (may decode)."""
+        return [(s.seq_id, s.num_cached) for s in self._seqs.values() if s.can_decode]
 
     def prefill(self, seq_id: int, num_tokens: int) -> int | None:
         """`run` with one prefill slice: the sequence's first token once its prompt is done."""

@@ -43,7 +43,8 @@ class TickBudget:
         expr, ex = self._policy.spec.tick_budget_ms, self._executor
         if not state.num_decoding or not state.parked or expr is None:
             return self._chunk
-        rows, ids = ex.decode_contexts(), ex.decode_ids()
+        decoding = ex.decode_rows()
+        ids, rows = [i for i, _ in decoding], [c for _, c in decoding]
         if self.pace.due(ids, self._tick):
             self.probe = ids, sum(c + 1 for c in rows)
             return 0
