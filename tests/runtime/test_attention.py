@@ -32,8 +32,9 @@ def masks(rows: int, length: int, keys: int):
             "additive": mx.where(keep, 0.0, -1e9).astype(mx.float32)}
 
 
+# (rows, heads, kv_heads, length, keys)
 SHAPES = [(1, 4, 2, 1, 700), (5, 4, 2, 1, 300), (1, 4, 2, 16, 500), (3, 8, 2, 4, 64),
-          (2, 4, 4, 3, 40)]  # (rows, heads, kv_heads, length, keys)
+          (2, 4, 4, 3, 40), (1, 4, 2, 24, 3000), (1, 4, 2, 8, 8)]
 
 
 @pytest.fixture
@@ -90,12 +91,29 @@ def test_the_fast_softmax_errs_no_more_than_mlxs_own(keys, spread, fast_softmax)
     assert ours <= max(3 * theirs, 1e-5), (ours, theirs)
 
 
-def test_the_fast_softmax_gives_masked_and_underflowing_keys_nothing(fast_softmax):
-    weights = softmax(mx.array([[0.0, -float("inf"), 1.0, -1e9, -100.0]]))
+def test_the_fast_softmax_gives_masked_and_underflowing_keys_next_to_nothing(fast_softmax):
+    weights = np.array(softmax(mx.array([[0.0, -float("inf"), 1.0, -1e9, -100.0]])))[0]
     expected = float64_softmax(mx.array([[0.0, 1.0]]))[0]
-    assert np.array(weights)[0].tolist()[1::2] == [0.0, 0.0]  # -inf and -1e9
-    assert np.array(weights)[0, 4] == 0.0  # exp(-100): below float32's normal range anyway
-    assert np.allclose(np.array(weights)[0, [0, 2]], expected, rtol=1e-6)
+    # exp(-80) of the largest weight at most: below what a float32 sum of weights can register.
+    assert (weights[[1, 3, 4]] <= 2e-35 * weights.max()).all()
+    assert np.allclose(weights[[0, 2]], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["mlx_softmax", "fast_softmax"])
+def test_masked_keys_add_nothing_to_attention(fast, monkeypatch, request):
+    if fast:
+        request.getfixturevalue("fast_softmax")
+    else:
+        monkeypatch.setattr(attention, "FAST_SOFTMAX", False)
+    q, k, v = arrays(2, 4, 2, 3, 40)
+    starts = [10, 25]  # each row's first unmasked key (a left-padded decode batch)
+    keep = mx.arange(40)[None, None, None, :] >= mx.array(starts)[:, None, None, None]
+    poisoned = mx.where(keep.squeeze(2)[..., None], v, 1e6)  # masked keys hold huge values
+    ours = attend(q, k, poisoned, None, 0.17, keep)
+    for row, start in enumerate(starts):
+        alone = attend(q[row:row + 1], k[row:row + 1, :, start:], v[row:row + 1, :, start:],
+                       None, 0.17, None)
+        assert mx.allclose(ours[row:row + 1], alone, rtol=1e-5, atol=1e-6).item()
 
 
 def test_half_precision_scores_are_softmaxed_in_float32(fast_softmax):
