@@ -5,7 +5,9 @@ The target is the policy's `tick_budget_ms` over `decode_step_ms`, the rows' pla
 as it runs now: its p95 measured before the prompt was parked (`CostModel.decode_step_p95_s`),
 times how much slower their step has grown since (`DecodePace`, from probe ticks that run the
 decode rows in a forward of their own). The slice is the largest the cost model predicts fits
-it (`CostModel.slice_tokens_within`). Every tick, budgeted or not, is priced by the cost model
+it (`CostModel.slice_tokens_within`); on a probe tick, the largest that fits, in a forward of
+its own, in what the rows' step leaves of it (a 1-token slice there wasted ~3% of the prompt's
+ticks). Every tick, budgeted or not, is priced by the cost model
 afterwards, except a probe: its two forwards are not the tick the model prices.
 """
 
@@ -38,8 +40,8 @@ class TickBudget:
 
     def slice_tokens(self, state: TickState) -> int:
         """Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
-        nothing measured yet, or a tick that probes the rows' pace; the policy's min slice then
-        applies)."""
+        nothing measured yet; the policy's min slice then applies). On a tick that probes the
+        rows' pace, the slice runs after their forward, in its own."""
         expr, ex = self._policy.spec.tick_budget_ms, self._executor
         if not state.num_decoding or not state.parked or expr is None:
             return self._chunk
@@ -47,7 +49,6 @@ class TickBudget:
         ids, rows = [i for i, _ in decoding], [c for _, c in decoding]
         if self.pace.due(ids, self._tick):
             self.probe = ids, sum(c + 1 for c in rows)
-            return 0
         constrained = ex.num_constrained_decoding()
         decode_s = self.costs.decode_step_p95_s(rows, constrained)
         if decode_s is None:
@@ -55,6 +56,11 @@ class TickBudget:
         decode_s *= self.pace.growth(ids)
         self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
         context = max(ex.num_cached(p.seq_id) for p in state.parked)
+        if self.probe is not None:
+            # The rows' own forward first (about their step's p95), then the slice in a forward
+            # of its own, sized for what is left of the target.
+            return self.costs.slice_tokens_within(self.target_s - decode_s, [], context,
+                                                  self._chunk)
         return self.costs.slice_tokens_within(self.target_s, rows, context, self._chunk,
                                               constrained)
 

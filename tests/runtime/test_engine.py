@@ -103,7 +103,7 @@ def test_a_prompt_admitted_into_a_busy_batch_gets_its_token_while_they_decode(bu
 def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle, monkeypatch):
     # token_budget sizes slices to a target stated in the streams' decode step, which slows as
     # their contexts grow while the prompt prefills: the first parked ticks and then one in
-    # `every` run the decode rows in a forward of their own (timed), then the policy's min slice.
+    # `every` run the decode rows in a forward of their own (timed), then the slice in its own.
     engine = make_engine(bundle, "token_budget")
     calls: list[tuple[list[tuple[int, int]], list[int]]] = []
     run = engine.executor.run
@@ -146,8 +146,11 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
     first, every = engine.budget.pace.baseline, engine.budget.pace.every
     assert len(ticks) > first + 2 * every, "too few parked ticks to see later probes"
     assert kinds[:first + 1] == ["probe"] * first + ["fused"]
-    assert [n for kind, n in ticks if kind == "probe"] == [1] * kinds.count("probe")
     later = [j for j, kind in enumerate(kinds) if kind == "probe" and j >= first]
+    # A probe's slice fills what the rows' step leaves of the target: more than the min slice
+    # once slices have grown.
+    assert all(n >= 1 for kind, n in ticks if kind == "probe")
+    assert max(ticks[j][1] for j in later) > 1
     assert later and later[0] == first - 1 + every
     assert [b - a for a, b in zip(later, later[1:], strict=False)] == [every] * (len(later) - 1)
 
