@@ -161,9 +161,10 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     width, height = figure_size_px(len(shown))
     fig, ax = plt.subplots(figsize=(width / DPI, height / DPI), dpi=DPI)
     ends = [t for s in spans for t in (s.start, s.end)]
-    # A stretch too short for the picture still shows, a few pixels wide: every state in the
-    # legend is drawn.
-    least = (max(ends, default=1) - min(ends, default=0)) * 4 / WIDTH_PX
+    # A stretch too short for the picture still shows, a few pixels wide (8 of the figure's
+    # width, ~6 of the axes', so it keeps whole pixels of its colour whatever its sub-pixel
+    # position): every state in the legend is drawn.
+    least = (max(ends, default=1) - min(ends, default=0)) * 8 / WIDTH_PX
     for state, colour in colours.items():
         for seq in shown:
             bars = [(s.start, max(s.end - s.start, least)) for s in spans
