@@ -20,9 +20,9 @@ Horner chain deep enough to be split over two kernels, runs it 1.5-2x slower). M
 no float32 sum of weights >= 1 can register. It then skips two passes over the score block:
 a slice's causal mask is applied to its own t x t block only (every query sees every cached
 key), and the weighted values are divided by the weights' sum (t x d numbers) instead of the
-weights (t x keys). One layer at 10,000 keys: 0.45x the previous fast path for an 8-token
-slice, 0.38x for 16, 0.83-0.87x for one token a row (scripts/bench_attention_cpu.py; ADR
-0014). Its error against float64 is the same order as MLX's own (tests/runtime/
+weights (t x keys). One layer at 10,000 keys: ~0.45x the previous fast path for an 8-token
+slice, ~0.4x for 16, about the same for one token a row (scripts/bench_attention_cpu.py; ADR
+0014 revision 2). Its error against float64 is the same order as MLX's own (tests/runtime/
 test_attention.py). Without a C++ compiler MLX runs the kernel's ops one by one (slower than
 `mx.softmax`), so then, or with $FAIRTICK_SOFTMAX=exact, `attend` is the fallback's ops with
 MLX's softmax and bit-equal to it as above (ADR 0014).
