@@ -12,6 +12,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama, qwen2, qwen3
 
+from runtime import decode_batch
 from runtime import executor as executor_module
 from runtime.executor import Executor, Slice
 from runtime.limits import TEMPERATURE
@@ -224,6 +225,39 @@ def test_a_long_prompt_in_small_slices_never_copies_its_cache_to_grow_it(llama_b
             buffers.add(tuple(layer.keys.shape[2] for layer in cache))
     assert buffers == {(768,) * len(llama_bundle.model.layers)}
     assert ex.decode([0])[0] == reference(llama_bundle, prompt, 2)[1]
+
+
+def test_the_decode_batch_grows_its_caches_by_half_and_rarely(llama_bundle):
+    # mlx-lm's BatchKVCache grows 256 positions at a time by copying all it holds (every 256
+    # tokens a freeze of every stream); the batch grows by half its capacity instead, capped at
+    # MAX_GROWTH a row, and not past what its rows can still add.
+    ex = Executor(llama_bundle)
+    prompts = {0: text_prompt(12, seed=40), 1: text_prompt(5, seed=41)}
+    num_tokens = 2600
+    for seq_id, prompt in prompts.items():
+        ex.add(seq_id, prompt, SamplingParams(max_tokens=num_tokens))
+        prefill_all(ex, seq_id)
+    capacities, out = [], []
+    for _ in range(num_tokens - 1):
+        out.append(ex.decode([0, 1])[0])
+        capacity = ex._batch.cache[0].keys.shape[2]
+        if not capacities or capacity != capacities[-1]:
+            capacities.append(capacity)
+    for before, after in zip(capacities, capacities[1:]):
+        assert after - before >= min(before // 2, decode_batch.MAX_GROWTH) or \
+            after >= len(prompts[0]) + num_tokens, capacities
+        assert after - before <= max(decode_batch.MIN_GROWTH, before // 2), capacities
+    assert len(capacities) - 1 < (len(prompts[0]) + num_tokens) // 256 - 2, capacities
+    assert capacities[-1] < len(prompts[0]) + num_tokens + decode_batch.MIN_GROWTH
+    assert out[:400] == reference(llama_bundle, prompts[0], 401)[1:]
+
+
+def test_growth_is_half_the_capacity_within_its_bounds():
+    assert decode_batch.growth(1024, 10_000) == 512
+    assert decode_batch.growth(256, 10_000) == decode_batch.MIN_GROWTH  # 128 is too little
+    assert decode_batch.growth(100_000, 10_000_000) == decode_batch.MAX_GROWTH
+    assert decode_batch.growth(4096, 300) == 300  # the rows cannot use more
+    assert decode_batch.growth(4096, 3) == decode_batch.MIN_GROWTH  # never below mlx-lm's
 
 
 def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, monkeypatch):
