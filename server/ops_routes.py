@@ -87,16 +87,22 @@ def admission_state(engine: Any) -> dict[str, int | None]:
     return {"queued": admission.num_queued, "max_waiting": admission.max_waiting}
 
 
-def memory_state(engine: Any) -> dict[str, int]:
-    """Sequences holding KV caches, the bytes of KV the prefix cache keeps, and MLX's
-    allocator: bytes in live arrays (weights, caches, the prefix cache) and kept for reuse."""
+def memory_state(engine: Any) -> dict[str, Any]:
+    """Sequences holding KV caches, the bytes of KV the prefix cache keeps, MLX's allocator
+    (bytes in live arrays: weights, caches, the prefix cache; and kept for reuse), and Python's
+    collector: the objects start-up froze out of its reach, and its collections so far by
+    generation (a full one, generation 2, stops the engine thread while it walks the heap)."""
+    import gc
+
     import mlx.core as mx
 
     prefix_cache = engine.prefix_cache
     return {"cached_sequences": engine.executor.num_sequences,
             "prefix_cache_bytes": prefix_cache.nbytes if prefix_cache is not None else 0,
             "mlx_active_bytes": int(mx.get_active_memory()),
-            "mlx_cache_bytes": int(mx.get_cache_memory())}
+            "mlx_cache_bytes": int(mx.get_cache_memory()),
+            "gc_frozen_objects": gc.get_freeze_count(),
+            "gc_collections": [generation["collections"] for generation in gc.get_stats()]}
 
 
 def blas_state() -> dict[str, str | None]:
