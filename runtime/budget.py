@@ -76,10 +76,17 @@ class TickShape:
     def features(self) -> np.ndarray:
         rows = len(self.decode_contexts)
         row_keys = attended_pairs([c + 1 for c in self.decode_contexts])
-        attended = sum(s.num_tokens * (s.context + (s.num_tokens + 1) / 2) for s in self.slices)
-        tokens = sum(s.num_tokens for s in self.slices)
-        return np.array([1.0, len(self.slices), rows, tokens, row_keys, attended,
-                         self.constrained_rows])
+        out = np.array([1.0, 0.0, rows, 0.0, row_keys, 0.0, self.constrained_rows])
+        for s in self.slices:
+            out += slice_features(s.num_tokens, s.context)
+        return out
+
+
+def slice_features(num_tokens: int, context: int) -> np.ndarray:
+    """What one slice of `num_tokens` prompt tokens after `context` cached adds to a tick's
+    features: one slice, its tokens, and the keys they attend (c + 1 .. c + t)."""
+    return np.array([0.0, 1.0, 0.0, num_tokens, 0.0,
+                     num_tokens * (context + (num_tokens + 1) / 2), 0.0])
 
 
 @dataclass(frozen=True)
@@ -119,13 +126,14 @@ class DecodePace:
         self._baseline: list[tuple[float, int]] = []  # (seconds, keys) of each probe
         self._recent: deque[tuple[float, int]] = deque(maxlen=recent)
         self._since = 0  # parked ticks since the last probe
+        self._growth: float | None = None  # until the next probe or a new baseline
 
     def due(self, rows: Sequence[int], tick: int) -> bool:
         """Whether parked tick `tick`, whose decode rows are the sequences `rows`, is a probe;
         call once per parked tick, in tick order."""
         rows = tuple(rows)
         if rows != self._rows or tick != self._tick + 1:
-            self._rows, self._baseline, self._since = rows, [], 0
+            self._rows, self._baseline, self._since, self._growth = rows, [], 0, None
             self._recent.clear()
         self._tick = tick
         self._since += 1
@@ -142,14 +150,17 @@ class DecodePace:
             self._baseline.append((seconds, keys))
         else:
             self._recent.append((seconds, keys))
+        self._growth = None
 
     def growth(self, rows: Sequence[int]) -> float:
         """The decode step of `rows` now over when their parked run began (1 until measured)."""
         if tuple(rows) != self._rows or len(self._baseline) < self.baseline or \
                 not self._recent:
             return 1.0
-        now, then = np.median(list(self._recent), axis=0), np.median(self._baseline, axis=0)
-        return max(1.0, float(min(now[0] / then[0], now[1] / then[1])))
+        if self._growth is None:
+            now, then = np.median(list(self._recent), axis=0), np.median(self._baseline, axis=0)
+            self._growth = max(1.0, float(min(now[0] / then[0], now[1] / then[1])))
+        return self._growth
 
 
 class CostModel:
@@ -164,6 +175,9 @@ class CostModel:
         # longer window than the fit's, so a burst of noise a few dozen ticks long (a shared
         # machine's) does not make the p95.
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=_STEP_TICKS)
+        # Their p95 by (rows, constrained rows), until the next decode-only tick: asked every
+        # tick while a prompt is parked, when no decode-only tick runs.
+        self._step_p95: dict[tuple[int, int], float] = {}
         self._coef: np.ndarray | None = None
         self._margin = 1.0
         self._since_fit = 0
@@ -191,6 +205,7 @@ class CostModel:
         (self._with_slices if shape.slices else self._without).append((features, seconds))
         if not shape.slices:
             self._steps.append((len(shape.decode_contexts), shape.constrained_rows, seconds))
+            self._step_p95.clear()
         self._since_fit += 1
         every = _REFIT_EVERY if shape.slices else _REFIT_EVERY_DECODE_ONLY
         if self._coef is None or self._since_fit >= every:
@@ -208,10 +223,13 @@ class CostModel:
         decode-only ticks (the machine's tail, which a fit of the mean leaves out). None until
         something is measured."""
         key = (len(decode_contexts), constrained_rows)
+        if key in self._step_p95:
+            return self._step_p95[key]
         like = [seconds for rows, constrained, seconds in self._steps
                 if (rows, constrained) == key]
         if len(like) >= _MARGIN_MIN_SAMPLES:
-            return float(np.quantile(like, _DECODE_QUANTILE))
+            self._step_p95[key] = float(np.quantile(like, _DECODE_QUANTILE))
+            return self._step_p95[key]
         predicted = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows))
         if predicted is None or self._coef is None:
             return predicted
@@ -234,11 +252,11 @@ class CostModel:
         coef = self._coef
         if coef is None:
             return 0
-        rows, margin = tuple(decode_contexts), self.margin()
+        margin = self.margin()
+        rows = float(TickShape(tuple(decode_contexts), (), constrained_rows).features() @ coef)
 
         def fits(tokens: int) -> bool:
-            shape = TickShape(rows, (SliceShape(tokens, context),), constrained_rows)
-            return float(shape.features() @ coef) * margin <= seconds
+            return (rows + float(slice_features(tokens, context) @ coef)) * margin <= seconds
 
         low, high = 0, min(most, 2 * max(1, max(self._met, default=0)))
         while low < high:  # the largest that fits: predictions grow with the slice

@@ -231,6 +231,19 @@ def test_the_decode_step_p95_is_measured_not_extrapolated_from_a_narrow_quiet_wi
         assert model.decode_step_p95_s((context,) * 4) == pytest.approx(p95, rel=0.03)
 
 
+def test_the_decode_step_p95_follows_every_new_decode_only_tick():
+    # Asked every parked tick, it is kept between decode-only ticks; each new one counts.
+    model, rows = CostModel(), (300,) * 4
+    for _ in range(100):
+        model.observe(TickShape(rows), 0.001)
+    assert model.decode_step_p95_s(rows) == pytest.approx(0.001)
+    model.observe(TickShape(rows, (SliceShape(8, 100),)), 0.05)  # a tick with a slice: no step
+    assert model.decode_step_p95_s(rows) == pytest.approx(0.001)
+    for _ in range(100):
+        model.observe(TickShape(rows), 0.003)
+    assert model.decode_step_p95_s(rows) == pytest.approx(0.003)
+
+
 def test_the_decode_step_p95_of_rows_unlike_the_recent_ones_follows_the_prediction():
     # Only 4-row steps measured, with a slow one in ten: 16 rows are predicted, with that tail.
     truth, rng = machine(), random.Random(5)
