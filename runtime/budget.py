@@ -51,13 +51,6 @@ _MET_TICKS = 32  # the recent slice ticks whose largest slice that met its targe
 _MARGIN_MIN_SAMPLES = 8
 _DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
 _STEP_TICKS = 512  # the recent decode-only ticks whose p95 is the decode step's
-# The decode step's p95 is at most this many times its median. In-process on a calm machine
-# the p95 of the last 512 4-row steps ran 1.1-1.25x their median (16 rows, whose step grows
-# faster with their contexts over the window, 1.4-1.7x); when another load came by, the
-# streams' quiet-window p95 ran 1.7-3.0x their median (1.3-1.5x calm), and a target stated in
-# such a p95 made every tick of the next admission longer: its gaps' median 6.6-10.8x the
-# streams' quiet median, against 4.8-6.2x in calm runs, their p99 4.9-6.1x own p95.
-_STEP_TAIL_CAP = 1.5
 
 
 @dataclass(frozen=True)
@@ -228,15 +221,14 @@ class CostModel:
         step that the fit inflates would grow while a long prompt prefills. Otherwise the
         model's prediction times the 0.95-quantile of measured / predicted over the recent
         decode-only ticks (the machine's tail, which a fit of the mean leaves out). None until
-        something is measured. Either way a p95 is at most _STEP_TAIL_CAP times the median:
-        a burst of someone else's load in the window must not set the target."""
+        something is measured."""
         key = (len(decode_contexts), constrained_rows)
         if key in self._step_p95:
             return self._step_p95[key]
         like = [seconds for rows, constrained, seconds in self._steps
                 if (rows, constrained) == key]
         if len(like) >= _MARGIN_MIN_SAMPLES:
-            self._step_p95[key] = _capped_p95(like)
+            self._step_p95[key] = float(np.quantile(like, _DECODE_QUANTILE))
             return self._step_p95[key]
         predicted = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows))
         if predicted is None or self._coef is None:
@@ -246,7 +238,7 @@ class CostModel:
             return predicted
         fitted = np.array([f for f, _ in recent]) @ self._coef
         ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
-        return predicted * max(1.0, _capped_p95(ratios))
+        return predicted * max(1.0, float(np.quantile(ratios, _DECODE_QUANTILE)))
 
     def margin(self) -> float:
         """The factor predictions are scaled by when sizing a slice (1 until enough slices)."""
@@ -286,12 +278,6 @@ class CostModel:
             fitted = np.array([f for f, _ in recent]) @ self._coef
             ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
             self._margin = float(np.quantile(ratios, _MARGIN_QUANTILE))
-
-
-def _capped_p95(values: Sequence[float] | np.ndarray) -> float:
-    """The _DECODE_QUANTILE of `values`, at most _STEP_TAIL_CAP times their median."""
-    tail, median = np.quantile(values, [_DECODE_QUANTILE, 0.5])
-    return float(min(tail, _STEP_TAIL_CAP * median))
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -2,8 +2,7 @@
 may hold, and which ticks probe the streams' pace.
 
 The target is the policy's `tick_budget_ms` over `decode_step_ms`, the rows' plain decode step
-as it runs now: its p95 measured before the prompt was parked (`CostModel.decode_step_p95_s`;
-at most 1.5x its median, so that a burst of someone else's load does not set it),
+as it runs now: its p95 measured before the prompt was parked (`CostModel.decode_step_p95_s`),
 times how much slower their step has grown since (`DecodePace`, from probe ticks that run the
 decode rows in a forward of their own). The slice is the largest the cost model predicts fits
 it (`CostModel.slice_tokens_within`); on a probe tick, the largest that fits, in a forward of

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import pytest
 
-from runtime import budget as budget_module
 from runtime.budget import CostModel, DecodePace, SliceShape, TickShape
 
 Machine = Callable[[TickShape], float]
@@ -203,32 +202,16 @@ def test_records_hold_the_prediction_made_before_each_tick():
 
 
 def test_the_decode_step_p95_carries_the_machines_tail():
-    # One decode tick in ten is slowed 1.4x (another thread took the core): the p95 of a
-    # decode step is the slow one, though a fit of the mean predicts about 1.04x.
+    # One decode tick in ten is slowed 1.6x (another thread took the core): the p95 of a
+    # decode step is the slow one, though a fit of the mean predicts about 1.06x.
     truth = machine()
     model = CostModel()
     rows = (1000,) * 4
     for i in range(400):
-        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.4 if i % 10 == 0 else 1.0))
+        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.6 if i % 10 == 0 else 1.0))
     p95, mean = model.decode_step_p95_s(rows), model.predict_s(TickShape(rows))
-    assert p95 == pytest.approx(1.4 * truth(TickShape(rows)), rel=0.05)
+    assert p95 == pytest.approx(1.6 * truth(TickShape(rows)), rel=0.05)
     assert mean < 0.8 * p95
-
-
-@pytest.mark.parametrize("measured", [True, False])
-def test_a_burst_of_load_sets_no_decode_step_p95_past_its_cap(measured):
-    # One step in five 3x slower (someone else's load came by): the p95 is 3x the median, the
-    # target would be; it is held to _STEP_TAIL_CAP times the median. Measured for these rows,
-    # or predicted for rows unlike the measured ones (16 rows, from 1- and 4-row steps).
-    truth, cap, rng = machine(), budget_module._STEP_TAIL_CAP, random.Random(3)
-    model = CostModel()
-    for i in range(400):
-        rows = (1000,) * 4 if measured else (rng.randrange(200, 2000),) * rng.choice([1, 4])
-        model.observe(TickShape(rows), truth(TickShape(rows)) * (3.0 if i % 5 == 0 else 1.0))
-    asked = (1000,) * (4 if measured else 16)
-    assert model.decode_step_p95_s(asked) == pytest.approx(cap * truth(TickShape(asked)),
-                                                           rel=0.05 if measured else 0.1)
-    assert cap < 3.0
 
 
 def test_the_decode_step_p95_is_measured_not_extrapolated_from_a_narrow_quiet_window():
@@ -267,10 +250,10 @@ def test_the_decode_step_p95_of_rows_unlike_the_recent_ones_follows_the_predicti
     model = CostModel()
     for i in range(400):
         rows = (rng.randrange(200, 2000),) * rng.choice([1, 4])
-        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.4 if i % 10 == 0 else 1.0))
+        model.observe(TickShape(rows), truth(TickShape(rows)) * (1.6 if i % 10 == 0 else 1.0))
     for context in (500, 1500):
         rows = (context,) * 16
-        assert model.decode_step_p95_s(rows) == pytest.approx(1.4 * truth(TickShape(rows)),
+        assert model.decode_step_p95_s(rows) == pytest.approx(1.6 * truth(TickShape(rows)),
                                                               rel=0.1)
     assert model.decode_step_p95_s((1500,) * 16) > model.decode_step_p95_s((500,) * 16)
 
