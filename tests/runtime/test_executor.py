@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -243,7 +244,7 @@ def test_the_decode_batch_grows_its_caches_by_half_and_rarely(llama_bundle):
         capacity = ex._batch.cache[0].keys.shape[2]
         if not capacities or capacity != capacities[-1]:
             capacities.append(capacity)
-    for before, after in zip(capacities, capacities[1:]):
+    for before, after in itertools.pairwise(capacities):
         assert after - before >= min(before // 2, decode_batch.MAX_GROWTH) or \
             after >= len(prompts[0]) + num_tokens, capacities
         assert after - before <= max(decode_batch.MIN_GROWTH, before // 2), capacities
