@@ -10,7 +10,7 @@ queued ahead of what was returned (`ahead`), which `rewind` undoes.
 A full cache grows by copying everything it holds into a larger buffer, in every layer, inside
 the step that needs the room (mlx-lm's `update_and_fetch`). mlx-lm grows by 256 positions, so
 every 256 tokens every stream froze for that copy: measured on the built-in model, 14 ms at 4
-rows of 2,304 keys and 57-130 ms at 16 rows of 2,304-6,144 (a tick's target there is ~20-60 ms).
+rows of 2,304 keys and 57-132 ms at 16 rows of 2,304-6,144 (a tick's target there is ~20-60 ms).
 `reserve` makes each growth half the capacity held (at least 256 positions, at most
 `MAX_GROWTH`, never past what the longest row can still add), so the copies come ever rarer,
 for at most half the capacity (or MAX_GROWTH positions a row) held unused.
@@ -18,7 +18,7 @@ for at most half the capacity (or MAX_GROWTH positions a row) held unused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,15 +88,15 @@ class DecodeBatch:
             if all(i is None for i in self.ids):
                 self.ids, self.cache, self.state, self.ahead = [], None, None, None
 
-    def reserve(self, most_left: int) -> None:
+    def reserve(self, most_left: Callable[[], int]) -> None:
         """Before a step: if it fills the caches, have them grow by `growth` (the rows can add
-        at most `most_left` more tokens)."""
+        at most `most_left()` more tokens, asked only then)."""
         assert self.cache is not None
         first = self.cache[0]
         keys, used = getattr(first, "keys", None), getattr(first, "_idx", None)
         if keys is None or used is None or used + 1 < keys.shape[2]:
             return
-        step = growth(keys.shape[2], most_left)
+        step = growth(keys.shape[2], most_left())
         for c in self.cache:
             c.step = step
 

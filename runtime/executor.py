@@ -342,7 +342,8 @@ class Executor:
     def _decode_segment(self, batch: list[SeqState], inputs: mx.array | None = None) -> Segment:
         assert self._batch.cache is not None
         # The most tokens a row can still add: this step's and the rest of its max_tokens.
-        self._batch.reserve(max(s.sampler.params.max_tokens - len(s.generated) for s in batch))
+        self._batch.reserve(lambda: max(s.sampler.params.max_tokens - len(s.generated)
+                                        for s in batch))
         if inputs is None:
             inputs = mx.array([s.generated[-1] for s in batch])
         return Segment(inputs[:, None], self._batch.cache, logits=True)
