@@ -253,10 +253,11 @@ class CostModel:
         if coef is None:
             return 0
         margin = self.margin()
-        rows = float(TickShape(tuple(decode_contexts), (), constrained_rows).features() @ coef)
+        # The decode rows' part of the prediction, the same for every slice size tried.
+        rows_s = float(TickShape(tuple(decode_contexts), (), constrained_rows).features() @ coef)
 
         def fits(tokens: int) -> bool:
-            return (rows + float(slice_features(tokens, context) @ coef)) * margin <= seconds
+            return (rows_s + float(slice_features(tokens, context) @ coef)) * margin <= seconds
 
         low, high = 0, min(most, 2 * max(1, max(self._met, default=0)))
         while low < high:  # the largest that fits: predictions grow with the slice
