@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -39,6 +40,8 @@ from mlx_lm.models.base import scaled_dot_product_attention
 
 SOFTMAX_ENV = "FAIRTICK_SOFTMAX"
 SOFTMAX_SETTINGS = ("auto", "exact")
+STREAMS_ENV = "FAIRTICK_ATTENTION_STREAMS"
+STREAMS_SETTINGS = ("1", "2")
 # exp(-80) ~ 1.8e-35: the least weight a key gets (masked keys' scores are -inf).
 _UNDERFLOW = -80.0
 _SQUARINGS = 6  # exp(y) = exp(y / 64)^64
@@ -70,8 +73,32 @@ def _shifted_exp(scores: mx.array, most: mx.array) -> mx.array:
     return p
 
 
+def attention_streams_setting() -> int:
+    """How many CPU streams a tick's attention may spread its segments over (runtime/fused.py):
+    $FAIRTICK_ATTENTION_STREAMS, 2 unless set to 1; 1 off the CPU or on a single-core machine."""
+    setting = os.environ.get(STREAMS_ENV, "2")
+    if setting not in STREAMS_SETTINGS:
+        raise ValueError(f"${STREAMS_ENV}={setting!r}: expected one of {STREAMS_SETTINGS}")
+    if mx.default_device() != mx.cpu or (os.cpu_count() or 1) < 2:
+        return 1
+    return int(setting)
+
+
+_local = threading.local()
+
+
+def second_stream() -> mx.Stream:
+    """The calling thread's second CPU stream (MLX's streams belong to the thread that made
+    them, so each thread makes its own, once)."""
+    stream = getattr(_local, "stream", None)
+    if stream is None:
+        stream = _local.stream = mx.new_stream(mx.cpu)
+    return stream
+
+
 _fused_shifted_exp = mx.compile(_shifted_exp, shapeless=True)
 FAST_SOFTMAX = fast_softmax_reason() is None
+ATTENTION_STREAMS = attention_streams_setting()
 
 
 def warm_up() -> None:
@@ -82,8 +109,12 @@ def warm_up() -> None:
     tracing there makes the few scalar constants the trace keeps before any baseline of MLX's
     memory is taken."""
     fast_softmax_reason()  # a bad $FAIRTICK_SOFTMAX is refused, as at import
+    attention_streams_setting()  # and a bad $FAIRTICK_ATTENTION_STREAMS
     if FAST_SOFTMAX:
         mx.eval(softmax(mx.zeros((1, 1, 2, 3))))
+        if ATTENTION_STREAMS > 1:
+            with mx.stream(second_stream()):
+                mx.eval(softmax(mx.zeros((1, 1, 2, 3))))
 
 
 def softmax(scores: mx.array) -> mx.array:

@@ -25,6 +25,16 @@ soon as it is built, and the worker computes it while the engine builds the next
 with a prefill slice, which cannot queue its next step ahead, ran ~0.9 ms (1 slice token) to
 ~1.2 ms (8) shorter in-process, next to 4 decode rows at context 4,096, and a decode-only step
 ~0.5 ms (alternated A/B, 5 pairs each).
+
+A tick's segments attend independently, and MLX runs each CPU stream on a thread of its own;
+a tick with a slice cannot queue its next step, so its engine thread waits while one core
+works. So on the CPU the segments' rope, cache update and attention are spread over two
+streams (`attention_streams`: heaviest first, each to the stream with less work), bit-equal to
+one stream. A whole `Executor.run` tick of 4 decode rows and an 8-token slice at context
+6,000: 20.0-20.3 ms against 24.3-24.6 ms on one stream (medians of 15, two runs of each:
+scripts/bench_fused_tick.py --executor --rows 4 --slices 8 --executor-context 6000 --reps 15,
+with each setting).
+$FAIRTICK_ATTENTION_STREAMS=1 keeps every segment on one stream.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache
 
+from runtime import attention
 from runtime.attention import attend
 from runtime.kernels import rms_norm, rotate
 from runtime.row_groups import split_rows
@@ -93,6 +104,7 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1
     early = mx.default_device() == mx.cpu
+    places = attention_streams(segments)
     for i, layer in enumerate(inner.layers):
         x = rms_norm(layer.input_layernorm, h)
         attn = layer.self_attn
@@ -100,14 +112,16 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         if i == 0:  # every layer's positions are the first's
             tables = [RopeTable.of(attn.rope, s, keys.dtype) for s in segments]
         outputs, start = [], 0
-        for segment, mask, rows, table in zip(segments, masks, groups, tables, strict=True):
+        for segment, mask, rows, table, place in zip(segments, masks, groups, tables, places,
+                                                     strict=True):
             end = start + segment.num_tokens
             # The last layer's output matters only at the rows whose logits are wanted.
             need = i < last or segment.logits
-            out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
-                          keys[start:end], values[start:end], rows,
-                          table if table is not None and table.serves(attn.rope, keys.dtype)
-                          else None)
+            with mx.stream(place):
+                out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
+                              keys[start:end], values[start:end], rows,
+                              table if table is not None and table.serves(attn.rope, keys.dtype)
+                              else None)
             if out is not None:
                 outputs.append(out)
             start = end
@@ -122,6 +136,23 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         if early and i < last:
             mx.async_eval(h)  # the worker starts on this layer while the next is built
     return _lm_head(model, rms_norm(inner.norm, h))
+
+
+def attention_streams(segments: Sequence[Segment]) -> list[mx.Stream]:
+    """The stream each segment's attention (rope, cache update, attention) runs on. With two
+    CPU streams (runtime.attention.ATTENTION_STREAMS), the segments go heaviest first, each to
+    the stream with less attention work so far (a segment's work: its queries times the keys
+    each attends, about); otherwise all on the default stream."""
+    default = mx.default_stream(mx.default_device())
+    if len(segments) < 2 or attention.ATTENTION_STREAMS < 2:
+        return [default] * len(segments)
+    streams, load = [default, attention.second_stream()], [0, 0]
+    work = [s.num_tokens * (s.cache[0].size() + s.tokens.shape[1]) for s in segments]
+    places = [default] * len(segments)
+    for k in sorted(range(len(segments)), key=lambda k: -work[k]):
+        lighter = 0 if load[0] <= load[1] else 1
+        places[k], load[lighter] = streams[lighter], load[lighter] + work[k]
+    return places
 
 
 def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:

@@ -76,3 +76,6 @@ def warm_up() -> None:
     if attention.FAST_SOFTMAX:
         x = mx.ones((1, 2))
         mx.eval(rms_norm(nn.RMSNorm(2), x), rotate(*(mx.ones((1, 1, 1, 2)),) * 4))
+        if attention.ATTENTION_STREAMS > 1:  # a segment's rope rotation may run there
+            with mx.stream(attention.second_stream()):
+                mx.eval(rotate(*(mx.ones((1, 1, 1, 2)),) * 4))

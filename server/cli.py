@@ -83,6 +83,10 @@ def serve_main(argv: Sequence[str]) -> int:
     log.info("attention softmax: %s", "fast (compiled exp, with compiled RMSNorm and rope "
              "rotation; $FAIRTICK_SOFTMAX=exact for MLX's)" if reason is None
              else f"MLX's ({reason}; RMSNorm and rope MLX's too)")
+    from runtime.attention import ATTENTION_STREAMS, STREAMS_ENV
+
+    log.info("attention streams: %s", f"2 (a tick's segments spread over two CPU streams; "
+             f"${STREAMS_ENV}=1 for one)" if ATTENTION_STREAMS > 1 else "1")
     app = create_app(config)
     app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
             single_process=True, motd=False, access_log=config.access_log)

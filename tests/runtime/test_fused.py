@@ -180,3 +180,51 @@ def test_a_forward_computes_each_segments_rope_angles_once_not_in_every_layer(mo
     assert num_layers > 1
     assert rope_calls(forward_fused) == 2  # one per segment
     assert rope_calls(forward_apart) == 2 * 2 * num_layers  # queries and keys, every layer
+
+
+def test_a_tick_spreads_its_segments_attention_over_two_streams_by_their_work(monkeypatch):
+    from runtime import attention
+    from runtime.fused import attention_streams
+    model = random_model(llama, model_type="llama")
+    # Attention work (queries x keys attended, about): rows 2 x 301 = 602, slices
+    # 64 x 264 = 16,896, 8 x 8 = 64 and 32 x 132 = 4,224.
+    rows, big, tiny, mid = make_segments(model, 4, [300, 300], [(64, 200, True), (8, 0, False),
+                                                                 (32, 100, False)])
+    monkeypatch.setattr(attention, "ATTENTION_STREAMS", 2)
+    places = attention_streams([rows, big, tiny, mid])
+    # The heaviest alone on the default stream, everything else (4,890 in all) on the second.
+    default = mx.default_stream(mx.cpu)
+    assert places[1] == default and places[1] != attention.second_stream()
+    assert places[0] == places[2] == places[3] == attention.second_stream()
+    assert attention_streams([big]) == [default]  # one segment: nothing to spread
+    monkeypatch.setattr(attention, "ATTENTION_STREAMS", 1)
+    assert attention_streams([rows, big, tiny, mid]) == [default] * 4
+
+
+def test_two_attention_streams_compute_what_one_does_bit_for_bit(monkeypatch):
+    # Each segment runs the same ops on the same arrays, only on another thread: whatever the
+    # BLAS or softmax, every logit and every cache entry is the same.
+    from runtime import attention
+    model = random_model(llama, model_type="llama")
+    rows, slices = MIXES["rows and slices, some ending their prompt"]
+    results = []
+    for streams in (1, 2):
+        monkeypatch.setattr(attention, "ATTENTION_STREAMS", streams)
+        segments = make_segments(model, 6, rows, slices)
+        logits = forward_fused(model, segments)
+        mx.eval(logits)
+        results.append((logits, [c.state[:2] for s in segments for c in s.cache]))
+    (one, one_caches), (two, two_caches) = results
+    assert one is not None and two is not None and mx.array_equal(one, two).item()
+    for a, b in zip(one_caches, two_caches, strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+
+
+def test_the_attention_streams_setting_is_checked(monkeypatch):
+    from runtime.attention import attention_streams_setting
+    monkeypatch.setenv("FAIRTICK_ATTENTION_STREAMS", "1")
+    assert attention_streams_setting() == 1
+    monkeypatch.setenv("FAIRTICK_ATTENTION_STREAMS", "4")
+    with pytest.raises(ValueError, match=r"FAIRTICK_ATTENTION_STREAMS='4': expected one of "
+                       r"\('1', '2'\)"):
+        attention_streams_setting()

@@ -92,6 +92,13 @@ def test_a_bad_softmax_setting_refuses_to_start(monkeypatch, capsys):
         capsys.readouterr().err
 
 
+def test_a_bad_attention_streams_setting_refuses_to_start(monkeypatch, capsys):
+    monkeypatch.setenv("FAIRTICK_ATTENTION_STREAMS", "many")
+    assert main(["serve"]) == 2
+    assert "$FAIRTICK_ATTENTION_STREAMS='many': expected one of ('1', '2')" in \
+        capsys.readouterr().err
+
+
 def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, capsys):
     monkeypatch.setenv(BLAS_ENV, os.environ.get(BLAS_ENV, ""))
     other = "auto" if load_blas().setting == "reference" else "reference"
