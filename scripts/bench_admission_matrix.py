@@ -35,7 +35,8 @@ from benchlib.options import add_admission_options, config_from_args
 from benchlib.report import ArmRuns, format_matrix, plot_frontier, to_jsonable
 from benchlib.serve import start_server, stop_server
 
-DEFAULT_ARMS = ["deadline", "tb3=token_budget --itl-factor 3", "tb4=token_budget",
+DEFAULT_ARMS = ["deadline", "tb3=token_budget --itl-factor 3",
+                "tb375=token_budget --itl-factor 3.75", "tb4=token_budget",
                 "tb45=token_budget --itl-factor 4.5", "tb5=token_budget --itl-factor 5",
                 "tb7=token_budget --itl-factor 7",
                 "mixed_step",
