@@ -20,10 +20,14 @@ The slice that fits a target is the largest whose prediction, times the 0.95-qua
 measured/predicted over the last 64 ticks with slices (under the current fit), stays within it:
 the machine's noise around the model sets the margin, and the streams' p99 gap is what it must
 hold (with the 0.9-quantile over 32 ticks, ticks ran to 1.2-1.3x their target at p99). A slice
-is never more than twice the largest that met its target next to decode rows among the last 32
-slice ticks, so slices start small and a model that errs (fitted on few-token slices, or misled
-by noise) grows them only by doubling, each step measured; "recent", because a prompt's context
-grows: a 200-token slice that fitted at context 0 says nothing about one at context 8,000.
+is also never larger than a recent slice tick next to decode rows says would have fitted: its
+slice's tokens times what its target left after the decode rows' predicted part over what the
+slice took after it (at most twice), the largest of the last 32. So slices start small and a
+model that errs (fitted on few-token slices, or misled by noise) grows them only by what measured
+ticks left room for: doubling a slice that had used 97% of its target ran the next tick to 1.8x
+it. The bound comes to the largest slice that fits from below (the slice's share is not all
+cost per token), and "recent", because a prompt's context grows: a 200-token slice that fitted
+at context 0 says nothing about one at context 8,000.
 
 The target itself is stated in the decode rows' own step (runtime/tick_budget.py): its p95 measured
 before a prompt was parked (`CostModel.decode_step_p95_s`), times how much slower the rows'
@@ -47,7 +51,7 @@ _REFIT_EVERY = 4  # ticks with slices between least-squares fits (a fit takes ~0
 _REFIT_EVERY_DECODE_ONLY = 32
 _MARGIN_QUANTILE = 0.95  # of measured/predicted, over recent ticks with slices
 _MARGIN_TICKS = 64  # the recent ticks with slices that the margin is taken over
-_MET_TICKS = 32  # the recent slice ticks whose largest slice that met its target caps the next
+_ROOM_TICKS = 32  # the recent slice ticks whose measured room caps the next slice
 _MARGIN_MIN_SAMPLES = 8
 _DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
 _STEP_TICKS = 512  # the recent decode-only ticks whose p95 is the decode step's
@@ -181,9 +185,9 @@ class CostModel:
         self._coef: np.ndarray | None = None
         self._margin = 1.0
         self._since_fit = 0
-        # Per recent slice tick next to decode rows: its slice's tokens if it met its target,
-        # else 0.
-        self._met: deque[int] = deque(maxlen=_MET_TICKS)
+        # Per recent slice tick next to decode rows: the slice its measurement says would have
+        # fitted its target (`_room_tokens`).
+        self._room: deque[int] = deque(maxlen=_ROOM_TICKS)
         self.records: deque[TickRecord] = deque(maxlen=history)
 
     def predict_s(self, shape: TickShape) -> float | None:
@@ -200,8 +204,7 @@ class CostModel:
         predicted = None if self._coef is None else float(features @ self._coef)
         self.records.append(TickRecord(shape, predicted, seconds, target_s))
         if shape.slices and shape.decode_contexts and target_s is not None:
-            met = seconds <= target_s
-            self._met.append(max(s.num_tokens for s in shape.slices) if met else 0)
+            self._room.append(self._room_tokens(shape, seconds, target_s))
         (self._with_slices if shape.slices else self._without).append((features, seconds))
         if not shape.slices:
             self._steps.append((len(shape.decode_contexts), shape.constrained_rows, seconds))
@@ -259,11 +262,23 @@ class CostModel:
         def fits(tokens: int) -> bool:
             return (rows_s + float(slice_features(tokens, context) @ coef)) * margin <= seconds
 
-        low, high = 0, min(most, 2 * max(1, max(self._met, default=0)))
+        low, high = 0, min(most, max(2, max(self._room, default=0)))
         while low < high:  # the largest that fits: predictions grow with the slice
             mid = (low + high + 1) // 2
             low, high = (mid, high) if fits(mid) else (low, mid - 1)
         return low
+
+    def _room_tokens(self, shape: TickShape, seconds: float, target_s: float) -> int:
+        # The slice this tick says would have fitted its target: its slice's tokens times what
+        # the target leaves after the decode rows' predicted part over what the slice took
+        # after it, at most doubled.
+        tokens = max(s.num_tokens for s in shape.slices)
+        rows_s = 0.0 if self._coef is None else float(
+            TickShape(shape.decode_contexts, (), shape.constrained_rows).features() @ self._coef)
+        slice_s = seconds - rows_s
+        if slice_s <= 0:
+            return 2 * tokens
+        return int(tokens * min(2.0, max(0.0, target_s - rows_s) / slice_s))
 
     def _fit(self) -> None:
         self._since_fit = 0

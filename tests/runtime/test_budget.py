@@ -120,8 +120,9 @@ def test_a_slice_is_never_far_past_the_largest_that_met_its_target():
 
 def test_the_bound_follows_the_recent_slices_not_one_that_fitted_at_short_context():
     # At context 100 slices of 200 tokens met a generous target; then the prompt's context
-    # grew and 8-token slices met theirs. A 400-token slice at context 8,000 would run for
-    # seconds: however large the target, the bound is twice what met its target recently.
+    # grew and 8-token slices met theirs with a sixth of it to spare. A 400-token slice at
+    # context 8,000 would run for seconds: however large the target, the bound is what the
+    # recent slices left room for: more than 8 tokens, and a tick that still fits that target.
     truth, rows = machine(), (800,) * 4
     model = CostModel()
     for _ in range(40):
@@ -131,7 +132,30 @@ def test_the_bound_follows_the_recent_slices_not_one_that_fitted_at_short_contex
     for i in range(40):
         shape = TickShape(rows, (SliceShape(8, 6000 + 50 * i),))
         model.observe(shape, truth(shape), target_s=truth(shape) * 1.2)
-    assert model.slice_tokens_within(100.0, rows, 8000, most=512) == 16
+    got = model.slice_tokens_within(100.0, rows, 7950, most=512)
+    target = truth(TickShape(rows, (SliceShape(8, 7950),))) * 1.2
+    assert 8 < got <= 16
+    assert truth(TickShape(rows, (SliceShape(got, 7950),))) <= target
+
+
+def test_a_slice_that_nearly_filled_its_target_grows_by_the_room_it_left_not_double():
+    # A 192-token slice used 97% of its target, and the model, fitted on smaller slices, would
+    # promise far more: the next slice may grow by about the 3% left, not double (384 tokens
+    # ran a tick to 1.8x its target on the built-in model). One that used a quarter doubles.
+    truth, rows = machine(), (800,) * 4
+    model = CostModel()
+    for tokens in (8, 16, 32, 64):
+        for _ in range(4):
+            shape = TickShape(rows, (SliceShape(tokens, 100),))
+            model.observe(shape, truth(shape), target_s=truth(shape) * 4)
+            model.observe(TickShape(rows), truth(TickShape(rows)))
+    assert model.slice_tokens_within(100.0, rows, 100, most=512) == 128
+    shape = TickShape(rows, (SliceShape(192, 100),))
+    target = truth(shape) / 0.97
+    model.observe(shape, truth(shape), target_s=target)
+    got = model.slice_tokens_within(100.0, rows, 100, most=512)
+    assert 192 <= got < 220
+    assert truth(TickShape(rows, (SliceShape(got, 100),))) <= target * 1.01
 
 
 def closed_loop(truth: Machine, ticks: int, seed: int, spread: float,
