@@ -10,6 +10,7 @@ import pytest
 
 from runtime.api import GenerationRequest
 from runtime.engine import Engine, EngineConfig
+from runtime.executor import Executor
 from runtime.model import ModelBundle
 from runtime.prefix_cache import BLOCK_TOKENS, PrefixCache
 from runtime.sampling import SamplingParams
@@ -205,3 +206,37 @@ def test_the_cache_gives_way_to_a_request_that_needs_the_whole_kv_budget(bundle)
     assert preempted == 0 and not [e for e in trace if e["trigger"] in stops]
     assert evictions >= 2
     assert_exact(bundle, got, {"big": big})
+
+
+def test_a_prompt_that_ends_at_its_first_token_is_kept_and_a_hit_on_it_is_exact(bundle):
+    # It never decodes: its KV is kept from its own buffers, not copied out of the batch's.
+    base, more = prompt(3 * CHUNK + 5, 4), prompt(9, 5)
+    engine, got = make_engine(bundle), Collector()
+    try:
+        submit(engine, got, "first", base, max_tokens=1)
+        got.wait("first")
+        wait_until(lambda: engine.executor.num_sequences == 0)
+        run(engine, got, {"again": base + more})
+    finally:
+        engine.stop()
+    assert cached(got, "again") == len(base)
+    assert_exact(bundle, got, {"again": base + more})
+
+
+def test_a_sequence_leaving_its_own_buffers_is_kept_without_a_copy(bundle):
+    # A copy of a long prompt's KV is a stall of every stream in the tick it ends; its own
+    # buffers (sized to the prompt, one cache step at most past it) are kept as they are.
+    ex, tokens = Executor(bundle), prompt(700, 6)
+    ex.add(1, tokens, SamplingParams(max_tokens=1))
+    ex.prefill(1, len(tokens))
+    mx.eval([c.keys for c in ex._get(1).cache])
+    before = mx.get_active_memory()
+    kept, layers = ex.kv_of(1)
+    grown = mx.get_active_memory() - before
+    kv_bytes = sum(k.nbytes + v.nbytes for k, v in layers)
+    assert kept == tokens
+    assert grown < kv_bytes / 10, f"{grown} bytes allocated for {kv_bytes} of KV"
+    for (k, v), c in zip(layers, ex._get(1).cache, strict=True):
+        assert k.shape[2] == v.shape[2] == len(tokens)
+        assert mx.array_equal(k, c.keys[..., :len(tokens), :]).item()
+        assert mx.array_equal(v, c.values[..., :len(tokens), :]).item()
