@@ -299,7 +299,10 @@ class Engine:
             tokens = self._run_piece(decode=decode)
             if all(seq_id in tokens for seq_id in decode):  # none failed
                 self.budget.observe_probe(time.perf_counter() - start)
+            shape, start = self.budget.shape(prefills, []), time.perf_counter()
             tokens.update(self._run_piece(prefills=prefills))
+            if all(w.seq_id in self._live for w in prefills):  # none failed
+                self.budget.observe_probe_slices(shape, time.perf_counter() - start)
         else:
             tokens = self._run_piece(prefills, decode)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills

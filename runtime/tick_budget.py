@@ -8,7 +8,9 @@ decode rows in a forward of their own). The slice is the largest the cost model 
 it (`CostModel.slice_tokens_within`); on a probe tick, the largest that fits, in a forward of
 its own, in what the rows' step leaves of it (a 1-token slice there wasted ~3% of the prompt's
 ticks). Every tick, budgeted or not, is priced by the cost model
-afterwards, except a probe: its two forwards are not the tick the model prices.
+afterwards, except a probe: its two forwards are not the tick the model prices; its slices'
+forward is priced as a tick of its own (a slice with no decode rows), so the model learns what
+the probe's slice costs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from statemachine.tick import Policy, TickState
 class TickBudget:
     """One engine's cost model, pace and this tick's target. The engine thread calls it: `begin`
     at the start of each tick, `slice_tokens` from the scheduler (the policy's budget), `shape`
-    and `observe` around the tick, `observe_probe` with a probe's decode forward."""
+    and `observe` around the tick, `observe_probe` and `observe_probe_slices` with a probe's
+    two forwards."""
 
     def __init__(self, policy: Policy, executor: Executor, chunk: int) -> None:
         self.costs = CostModel()
@@ -81,6 +84,12 @@ class TickBudget:
         """The tick ran `shape` in `seconds`."""
         if self.probe is None:
             self.costs.observe(shape, seconds, self.target_s)
+
+    def observe_probe_slices(self, shape: TickShape, seconds: float) -> None:
+        """This tick's probe: its slices' forward of their own ran `shape` in `seconds`. The cost
+        model learns from it as from any tick without decode rows: it sizes the next probe's
+        slice, and it is a slice's cost measured without the rows' beside it."""
+        self.costs.observe(shape, seconds)
 
     def observe_probe(self, seconds: float) -> None:
         """This tick's probe: its decode rows' own forward took `seconds`."""

@@ -153,6 +153,11 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
     assert max(ticks[j][1] for j in later) > 1
     assert later and later[0] == first - 1 + every
     assert [b - a for a, b in zip(later, later[1:], strict=False)] == [every] * (len(later) - 1)
+    # Every forward of slices alone is priced as a tick without decode rows: a prompt's ticks
+    # with nothing decoding, and each probe's slice forward (its rows' forward is not).
+    records = engine.budget.costs.records
+    alone = [r for r in records if r.shape.slices and not r.shape.decode_contexts]
+    assert len(alone) == sum(1 for prefills, decode in calls if prefills and not decode)
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
