@@ -273,8 +273,7 @@ class CostModel:
         # the target leaves after the decode rows' predicted part over what the slice took
         # after it, at most doubled.
         tokens = max(s.num_tokens for s in shape.slices)
-        rows_s = 0.0 if self._coef is None else float(
-            TickShape(shape.decode_contexts, (), shape.constrained_rows).features() @ self._coef)
+        rows_s = self.predict_s(TickShape(shape.decode_contexts, (), shape.constrained_rows)) or 0.0
         slice_s = seconds - rows_s
         if slice_s <= 0:
             return 2 * tokens
