@@ -257,7 +257,7 @@ class CostModel:
             return 0
         margin = self.margin()
         # The decode rows' part of the prediction, the same for every slice size tried.
-        rows_s = float(TickShape(tuple(decode_contexts), (), constrained_rows).features() @ coef)
+        rows_s = self.predict_s(TickShape(tuple(decode_contexts), (), constrained_rows)) or 0.0
 
         def fits(tokens: int) -> bool:
             return (rows_s + float(slice_features(tokens, context) @ coef)) * margin <= seconds
