@@ -26,14 +26,20 @@ with a prefill slice, which cannot queue its next step ahead, ran ~0.9 ms (1 sli
 ~1.2 ms (8) shorter in-process, next to 4 decode rows at context 4,096, and a decode-only step
 ~0.5 ms (alternated A/B, 5 pairs each).
 
-A tick's segments attend independently, and MLX runs each CPU stream on a thread of its own;
-a tick with a slice cannot queue its next step, so its engine thread waits while one core
-works. So on the CPU the segments' rope, cache update and attention are spread over two
-streams (`attention_streams`: heaviest first, each to the stream with less work), bit-equal to
-one stream. A whole `Executor.run` tick of 4 decode rows and an 8-token slice at context
-6,000: 20.0-20.3 ms against 24.3-24.6 ms on one stream (medians of 15, two runs of each:
-scripts/bench_fused_tick.py --executor --rows 4 --slices 8 --executor-context 6000 --reps 15,
-with each setting).
+A tick's segments attend independently, and so does each key head's group of query heads;
+MLX runs each CPU stream on a thread of its own, and a tick with a slice cannot queue its next
+step, so its engine thread waits while one core works. So on the CPU (`attention_streams`)
+every prefill slice of more than one token attends with its key heads split in two halves, one
+on each of two streams, and the decode rows go to the stream with less work (heaviest first):
+the same ops on the same arrays, so bit-equal to one stream. A cross-stream hand-off costs
+about what a small slice's split saves, and large blocks gain most (each half's score block
+stays in the cache). A whole `Executor.run` tick of 4 decode rows and a slice, all at context
+6,000: 4 tokens 20.3 ms, 32 tokens 33.5 ms, against 22.0 and 44.1 ms on one stream (medians of
+9: scripts/bench_fused_tick.py --executor --rows 4 --slices 4,32 --executor-context 6000
+--reps 9, with each setting). A 10,000-token prompt alone on an idle server reaches its first
+token in 4.1-5.8 s, against 7.8-9.9 s on one stream alternated with it, and 7.9-11.3 s
+before the split (scripts/bench_admission_matrix.py; docs/benchmark_results/
+2026-12-01-admission.md, ninth session).
 $FAIRTICK_ATTENTION_STREAMS=1 keeps every segment on one stream.
 """
 
@@ -117,11 +123,11 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
             end = start + segment.num_tokens
             # The last layer's output matters only at the rows whose logits are wanted.
             need = i < last or segment.logits
-            with mx.stream(place):
+            with mx.stream(place[0]):
                 out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
                               keys[start:end], values[start:end], rows,
                               table if table is not None and table.serves(attn.rope, keys.dtype)
-                              else None)
+                              else None, place[1:])
             if out is not None:
                 outputs.append(out)
             start = end
@@ -138,20 +144,24 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     return _lm_head(model, rms_norm(inner.norm, h))
 
 
-def attention_streams(segments: Sequence[Segment]) -> list[mx.Stream]:
-    """The stream each segment's attention (rope, cache update, attention) runs on. With two
-    CPU streams (runtime.attention.ATTENTION_STREAMS), the segments go heaviest first, each to
-    the stream with less attention work so far (a segment's work: its queries times the keys
-    each attends, about); otherwise all on the default stream."""
+def attention_streams(segments: Sequence[Segment]) -> list[tuple[mx.Stream, ...]]:
+    """The streams each segment's attention runs on (its rope and cache update on the first).
+    With two CPU streams (runtime.attention.ATTENTION_STREAMS), a prefill slice (more than one
+    token a row) splits its heads over both, half its work on each, and the other segments go
+    heaviest first, each to the stream with less attention work so far (a segment's work: its
+    queries times the keys each attends, about); otherwise all on the default stream."""
     default = mx.default_stream(mx.default_device())
-    if len(segments) < 2 or attention.ATTENTION_STREAMS < 2:
-        return [default] * len(segments)
+    if attention.ATTENTION_STREAMS < 2:
+        return [(default,)] * len(segments)
     streams, load = [default, attention.second_stream()], [0, 0]
     work = [s.num_tokens * (s.cache[0].size() + s.tokens.shape[1]) for s in segments]
-    places = [default] * len(segments)
+    places: list[tuple[mx.Stream, ...]] = [(default,)] * len(segments)
     for k in sorted(range(len(segments)), key=lambda k: -work[k]):
+        if segments[k].tokens.shape[1] > 1:  # half its work on each: the balance stays
+            places[k] = (default, streams[1])
+            continue
         lighter = 0 if load[0] <= load[1] else 1
-        places[k], load[lighter] = streams[lighter], load[lighter] + work[k]
+        places[k], load[lighter] = (streams[lighter],), load[lighter] + work[k]
     return places
 
 
@@ -169,8 +179,9 @@ def forward_apart(model: Any, segments: Sequence[Segment]) -> mx.array | None:
 
 def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.array | None,
             keys: mx.array, values: mx.array, groups: RowGroups | None,
-            table: RopeTable | None) -> mx.array | None:
-    # mlx-lm's Attention.__call__ for one segment (rows, length), after the projections.
+            table: RopeTable | None, more: tuple[mx.Stream, ...]) -> mx.array | None:
+    # mlx-lm's Attention.__call__ for one segment (rows, length), after the projections, on
+    # the current stream; with a stream in `more`, the second half of its heads there.
     rows, length = segment.tokens.shape
     cache = segment.cache[layer]
     keys = keys.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -182,7 +193,18 @@ def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.arra
         return None
     queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
     queries = table.apply(queries) if table is not None else attn.rope(queries, offset=offset)
-    if groups is None:
+    if more and attn.n_kv_heads > 1:
+        # Each query head attends its own key head's keys alone: two halves of the heads are
+        # the same products and softmaxes as the whole, bit for bit.
+        kv_half = attn.n_kv_heads // 2
+        q_half = kv_half * (attn.n_heads // attn.n_kv_heads)
+        first = attend(queries[:, :q_half], keys[:, :kv_half], values[:, :kv_half], cache,
+                       attn.scale, mask)
+        with mx.stream(more[0]):
+            second = attend(queries[:, q_half:], keys[:, kv_half:], values[:, kv_half:],
+                            cache, attn.scale, mask)
+        out = mx.concatenate([first, second], axis=1)
+    elif groups is None:
         out = attend(queries, keys, values, cache, attn.scale, mask)
     else:
         out = _attend_grouped(queries, keys, values, cache, attn.scale, mask, groups)

@@ -182,23 +182,28 @@ def test_a_forward_computes_each_segments_rope_angles_once_not_in_every_layer(mo
     assert rope_calls(forward_apart) == 2 * 2 * num_layers  # queries and keys, every layer
 
 
-def test_a_tick_spreads_its_segments_attention_over_two_streams_by_their_work(monkeypatch):
+def test_a_tick_splits_its_slices_heads_and_spreads_its_rows_over_two_streams(monkeypatch):
     from runtime import attention
     from runtime.fused import attention_streams
     model = random_model(llama, model_type="llama")
-    # Attention work (queries x keys attended, about): rows 2 x 301 = 602, slices
-    # 64 x 264 = 16,896, 8 x 8 = 64 and 32 x 132 = 4,224.
-    rows, big, tiny, mid = make_segments(model, 4, [300, 300], [(64, 200, True), (8, 0, False),
-                                                                 (32, 100, False)])
+    # Two decode batches (attention work, queries x keys attended, about: 2 x 301 = 602 and
+    # 1 x 41 = 41), prefill slices of 64 and 8 tokens, and a slice of one token (a row, as far
+    # as attention goes: 1 x 101 = 101).
+    rows, big, tiny, one = make_segments(model, 4, [300, 300], [(64, 200, True), (8, 0, False),
+                                                                (1, 100, False)])
+    few_rows = make_segments(model, 5, [40], [])[0]
     monkeypatch.setattr(attention, "ATTENTION_STREAMS", 2)
-    places = attention_streams([rows, big, tiny, mid])
-    # The heaviest alone on the default stream, everything else (4,890 in all) on the second.
-    default = mx.default_stream(mx.cpu)
-    assert places[1] == default and places[1] != attention.second_stream()
-    assert places[0] == places[2] == places[3] == attention.second_stream()
-    assert attention_streams([big]) == [default]  # one segment: nothing to spread
+    default, second = mx.default_stream(mx.cpu), attention.second_stream()
+    assert default != second
+    places = attention_streams([rows, big, tiny, one, few_rows])
+    # Every slice of more than one token: its heads over both streams, half its work on each.
+    assert places[1] == places[2] == (default, second)
+    # The rest heaviest first, each to the stream with less work: rows (602) to the default,
+    # the one-token slice (101) and the small batch (41) to the second.
+    assert places[0] == (default,) and places[3] == places[4] == (second,)
+    assert attention_streams([big]) == [(default, second)]  # alone, a prompt's chunk too
     monkeypatch.setattr(attention, "ATTENTION_STREAMS", 1)
-    assert attention_streams([rows, big, tiny, mid]) == [default] * 4
+    assert attention_streams([rows, big, tiny, one, few_rows]) == [(default,)] * 5
 
 
 def test_two_attention_streams_compute_what_one_does_bit_for_bit(monkeypatch):
