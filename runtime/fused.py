@@ -37,8 +37,8 @@ stays in the cache). A whole `Executor.run` tick of 4 decode rows and a slice, a
 6,000: 4 tokens 20.3 ms, 32 tokens 33.5 ms, against 22.0 and 44.1 ms on one stream (medians of
 9: scripts/bench_fused_tick.py --executor --rows 4 --slices 4,32 --executor-context 6000
 --reps 9, with each setting). A 10,000-token prompt alone on an idle server reaches its first
-token in 4.8-4.9 s against 7.8-9.9 s on one stream, alternated (4.1-7.1 s over all its runs;
-7.9-11.3 s before the split (scripts/bench_admission_matrix.py; docs/benchmark_results/
+token in 4.8-4.9 s against 7.8-9.9 s on one stream, alternated (4.1-7.1 s over all its runs,
+7.9-11.3 s before the split: scripts/bench_admission_matrix.py; docs/benchmark_results/
 2026-12-01-admission.md, ninth session).
 $FAIRTICK_ATTENTION_STREAMS=1 keeps every segment on one stream.
 """
