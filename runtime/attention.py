@@ -173,7 +173,7 @@ def _attend_slice(queries: mx.array, keys: mx.array, values: mx.array, group: in
     cached = keys.shape[2] - length
     past = (queries @ keys[:, :, :cached].swapaxes(-1, -2)).astype(mx.float32)
     own = (queries @ keys[:, :, cached:].swapaxes(-1, -2)).astype(mx.float32)
-    own = mx.where(_triangle(length, group), own, mx.array(-float("inf"), own.dtype))
+    own = mx.where(mx.array(_triangle(length, group)), own, mx.array(-float("inf"), own.dtype))
     most = mx.maximum(mx.max(past, axis=-1, keepdims=True), mx.max(own, axis=-1, keepdims=True))
     w_past, w_own = _fused_shifted_exp(past, most), _fused_shifted_exp(own, most)
     total = mx.sum(w_past, axis=-1, keepdims=True) + mx.sum(w_own, axis=-1, keepdims=True)
@@ -181,12 +181,13 @@ def _attend_slice(queries: mx.array, keys: mx.array, values: mx.array, group: in
 
 
 @functools.lru_cache(maxsize=32)
-def _triangle(length: int, group: int) -> mx.array:
-    # Which of a slice's own keys each of its queries (rows group-major) sees: made once per
-    # shape from host memory (no graph, nothing to evaluate, any stream may read it), not
-    # rebuilt by six ops in every layer of every tick (~0.6-1 ms a slice tick).
+def _triangle(length: int, group: int) -> np.ndarray:
+    # Which of a slice's own keys each of its queries (rows group-major) sees: kept on the host
+    # per shape and handed to MLX as data (no graph, nothing to evaluate, any stream may read
+    # it), not rebuilt by six ops in every layer of every tick. Host memory, so MLX holds it
+    # only while a tick uses it.
     positions = np.arange(length)
-    return mx.array(np.tile(positions[:, None] >= positions[None], (group, 1)))
+    return np.tile(positions[:, None] >= positions[None], (group, 1))
 
 
 def _masked(scores: mx.array, mask: mx.array | str, num_kv_heads: int,
