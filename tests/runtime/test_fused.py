@@ -206,6 +206,32 @@ def test_a_tick_splits_its_slices_heads_and_spreads_its_rows_over_two_streams(mo
     assert attention_streams([rows, big, tiny, one, few_rows]) == [(default,)] * 5
 
 
+def test_a_slice_attends_in_two_halves_of_its_heads_on_two_streams(monkeypatch):
+    # The wiring, not only the placement: with two streams every layer attends a prompt's
+    # slice as two calls of half its heads each, on the two streams; with one, as one call.
+    from runtime import attention, fused
+    model = random_model(llama, model_type="llama")
+    num_layers, num_heads = len(model.model.layers), model.args.num_attention_heads
+    calls = []
+    real = fused.attend
+
+    def counting(queries, *args):
+        calls.append((queries.shape[1], mx.default_stream(mx.cpu)))
+        return real(queries, *args)
+
+    monkeypatch.setattr(fused, "attend", counting)
+    for streams in (2, 1):
+        monkeypatch.setattr(attention, "ATTENTION_STREAMS", streams)
+        calls.clear()
+        mx.eval(forward_fused(model, make_segments(model, 7, [], [(16, 30, True)])))
+        if streams == 2:
+            halves = [(num_heads // 2, mx.default_stream(mx.cpu)),
+                      (num_heads // 2, attention.second_stream())]
+            assert calls == halves * num_layers
+        else:
+            assert calls == [(num_heads, mx.default_stream(mx.cpu))] * num_layers
+
+
 def test_two_attention_streams_compute_what_one_does_bit_for_bit(monkeypatch):
     # Each segment runs the same ops on the same arrays, only on another thread: whatever the
     # BLAS or softmax, every logit and every cache entry is the same.
