@@ -149,7 +149,8 @@ def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> di
 def _check_structure(value: Any) -> None:
     """Depth cap; strings that UTF-8 can carry (a lone surrogate escape cannot); finite numbers
     (NaN, Infinity and float literals past 1.8e308 are refused here, naming where they are)."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    # A path is None at the body itself; "" is a key of that name (a field called "").
+    stack: list[tuple[Any, int, str | None]] = [(value, 1, None)]
     while stack:
         item, depth, path = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -158,15 +159,16 @@ def _check_structure(value: Any) -> None:
         if isinstance(item, str):
             _check_encodable(item)
         elif isinstance(item, float) and not math.isfinite(item):
-            raise invalid(f"`{path or 'body'}` must be a finite number, got "
+            where = "body" if path is None else path or '""'
+            raise invalid(f"`{where}` must be a finite number, got "
                           f"{_JSON_CONSTANTS[repr(item)]}; NaN, Infinity and numbers beyond "
-                          "1.8e308 are not allowed", path or None)
+                          "1.8e308 are not allowed", path)
         elif isinstance(item, dict):
             for key, child in item.items():
                 _check_encodable(key)
-                stack.append((child, depth + 1, f"{path}.{key}" if path else key))
+                stack.append((child, depth + 1, key if path is None else f"{path}.{key}"))
         elif isinstance(item, list):
-            stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+            stack.extend((child, depth + 1, f"{path or ''}[{i}]") for i, child in enumerate(item))
 
 
 _JSON_CONSTANTS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}

@@ -49,6 +49,14 @@ def test_non_standard_json_constants_name_where_they_are(literal):
            param="stream_options.x[1]", match="finite number")
 
 
+def test_a_non_finite_number_under_an_empty_key_names_that_key():
+    # A field called "" is a field, not the body: the error names it (a fuzzed body found this).
+    expect(parse_body, b'{"": NaN, "messages": []}', None, 1024, param="",
+                 match='`""` must be a finite number, got NaN')
+    expect(parse_body, b'{"a": {"": [Infinity]}}', None, 1024, param="a.[0]",
+           match="`a.[0]` must be a finite number")
+
+
 def test_a_float_literal_past_the_float_range_is_refused():
     expect(parse_body, b'{"logit_bias": {"5": -1e400}}', None, 1024, param="logit_bias.5",
            match="got -Infinity")
