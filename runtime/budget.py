@@ -156,6 +156,14 @@ class DecodePace:
             self._recent.append((seconds, keys))
         self._growth = None
 
+    def probe_s(self, rows: Sequence[int]) -> float | None:
+        """What a probe's forward of `rows` alone takes now: the median of the last `recent`
+        probes (of the baseline ones before any later); None before the first probe."""
+        if tuple(rows) != self._rows:
+            return None
+        probes = self._recent or self._baseline
+        return float(np.median([seconds for seconds, _ in probes])) if probes else None
+
     def growth(self, rows: Sequence[int]) -> float:
         """The decode step of `rows` now over when their parked run began (1 until measured)."""
         if tuple(rows) != self._rows or len(self._baseline) < self.baseline or \

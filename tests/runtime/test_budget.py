@@ -365,3 +365,14 @@ def test_new_rows_or_a_break_in_the_parked_ticks_start_a_new_baseline():
 def test_the_pace_refuses_settings_that_never_probe():
     with pytest.raises(ValueError, match="every, baseline and recent must be >= 1"):
         DecodePace(every=0)
+
+
+def test_a_probe_takes_what_the_last_probes_of_the_same_rows_took():
+    pace = DecodePace(every=4, baseline=3, recent=3)
+    rows = (1, 2)
+    assert pace.probe_s(rows) is None
+    run_parked(pace, rows, range(3), lambda tick: (0.003, 0.005, 0.004)[tick])
+    assert pace.probe_s(rows) == pytest.approx(0.004)  # the baseline's median
+    run_parked(pace, rows, range(3, 20), lambda tick: 0.001 * tick)  # probes at 6, 10, 14, 18
+    assert pace.probe_s(rows) == pytest.approx(0.014)  # the last three's median
+    assert pace.probe_s((1, 2, 3)) is None  # other rows: not measured
