@@ -64,9 +64,9 @@ class TickBudget:
         if self.probe is not None:
             # The rows' own forward first, then the slice in a forward of its own, sized for
             # what is left of the target: after what the last probes' forwards took (a forward
-            # of the rows alone cannot queue the next ahead: ~1.5x their pipelined step, and
-            # sized after that step, probe ticks ran to 1.1x their target at the median, half
-            # of the slowest ticks), or their step's p95 before any probe.
+            # of the rows alone cannot queue the next ahead, and sized after their pipelined
+            # step's p95, probe ticks ran to 1.1x their target at the median, half of the
+            # slowest ticks), or that step's p95 before any probe.
             rows_s = max(decode_s, self.pace.probe_s(ids) or 0.0)
             return self.costs.slice_tokens_within(self.target_s - rows_s, [], context,
                                                   self._chunk)
