@@ -18,6 +18,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 # A whole generation may run for minutes.
 _E2E_BUCKETS = (*_LATENCY_BUCKETS, 300.0, 600.0, 1800.0)
 _TICK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+# A tick's duration over the latency target its slice was sized for.
+_TARGET_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
 class EngineMetrics:
@@ -58,6 +60,13 @@ class EngineMetrics:
         self.scheduler_time = Counter(
             "fairtick_scheduler_seconds", "Time spent in the scheduler core: decide_tick, "
             "lifecycle triggers and bookkeeping (not the model)", registry=r)
+        self.tick_over_target = Histogram(
+            "fairtick_tick_over_target_ratio", "A tick whose prefill slice was sized for a "
+            "latency target (tick_budget_ms): its wall time over that target, by kind: mixed "
+            "(one forward) or probe (the decode rows' forward, then the slice's)", ["kind"],
+            buckets=_TARGET_BUCKETS, registry=r)
+        for kind in ("mixed", "probe"):
+            self.tick_over_target.labels(kind)
         self.running = Gauge("fairtick_requests_running", "Sequences holding KV",
                              registry=r)
         self.waiting = Gauge("fairtick_requests_waiting",

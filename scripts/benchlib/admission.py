@@ -126,6 +126,10 @@ class AdmissionResult:
     quiet_tokens_per_s: float
     counters: dict[str, float]  # deltas over the admission window
     grants_by_rule: dict[str, int]
+    # Per kind of tick sized for a latency target (mixed, probe): how many ran in the
+    # admission window ("ticks"), and the shares of them longer than their target ("over_1")
+    # and than 1.25x it ("over_1.25"); NaN shares where none ran (a policy without a target).
+    over_target: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -277,6 +281,7 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
     post = [g for s in run.streams for g in gaps_in(s.times_s, post_w)]
     delta = {k: v - run.at_admit.get(k, 0.0) for k, v in run.at_first.items()
              if k.endswith("_total") or k.startswith("fairtick_ticks_total{")}
+    over_target = ticks_over_target(run.at_admit, run.at_first)
     spec = policy_actions(state["policy"])
     facts = check_attribution(cfg, run, quiet, admission, delta, spec)
     quiet_pooled = GapStats.of([g for gs in quiet for g in gs])
@@ -304,7 +309,26 @@ def _summarize(cfg: AdmissionConfig, state: dict[str, Any], run: _Run,
         prompt_chunks_while_streams_live=facts.contended_chunks,
         quiet_tokens_per_s=sum(len(g) for g in quiet) / quiet_s if quiet_s > 0 else math.nan,
         counters={k: v for k, v in delta.items() if not k.endswith("_created")},
-        grants_by_rule=facts.grants_by_rule, notes=facts.notes)
+        grants_by_rule=facts.grants_by_rule, over_target=over_target, notes=facts.notes)
+
+
+OVER_TARGET = "fairtick_tick_over_target_ratio"
+
+
+def ticks_over_target(before: dict[str, float],
+                      after: dict[str, float]) -> dict[str, dict[str, float]]:
+    """From two /metrics snapshots (get_metrics): per kind of tick sized for a latency target,
+    the ticks between them and the shares longer than 1x and 1.25x their target."""
+    out = {}
+    for kind in ("mixed", "probe"):
+        def delta(sample: str, labels: str = "", kind: str = kind) -> float:
+            key = f'{OVER_TARGET}_{sample}{{kind="{kind}"{labels}}}'
+            return after.get(key, 0.0) - before.get(key, 0.0)
+        ticks = delta("count")
+        out[kind] = {"ticks": ticks, **{
+            f"over_{bound:g}": ratio(ticks - delta("bucket", f',le="{bound}"'), ticks)
+            for bound in (1.0, 1.25)}}
+    return out
 
 
 def work_conserving_limit(step_ms: float, own_p95_ms: float) -> float:

@@ -62,7 +62,10 @@ def format_run(r: AdmissionResult) -> str:
              f"{'yes' if r.first_token_before_last_stream_token else 'no'} |",
              f"| quiet decode throughput | {_num(r.quiet_tokens_per_s, 0)} tokens/s |",
              f"| prompt chunks (beside live streams) | {r.prompt_chunks} "
-             f"({r.prompt_chunks_while_streams_live}) |", "",
+             f"({r.prompt_chunks_while_streams_live}) |",
+             *[f"| {kind} ticks over their latency target: > 1x / > 1.25x | "
+               f"{_num(100 * t['over_1'], 0)}% / {_num(100 * t['over_1.25'], 0)}% of "
+               f"{t['ticks']:.0f} |" for kind, t in r.over_target.items() if t["ticks"]], "",
              "| stream | quiet gaps | quiet p50 ms | quiet p95 ms | adm gaps | adm p50 ms "
              "| adm p95 ms | adm max ms |", "|---|---|---|---|---|---|---|---|"]
     for i, (qs, ad) in enumerate(zip(r.quiet, r.admission, strict=True)):
@@ -93,6 +96,8 @@ COLUMNS: list[tuple[str, Callable[[AdmissionResult], float]]] = [
     ("max / own", lambda r: r.max_over_own),
     ("WC limit", lambda r: r.work_conserving_limit),
     ("quiet tokens/s", lambda r: r.quiet_tokens_per_s),
+    ("mixed ticks > target", lambda r: r.over_target.get("mixed", {}).get("over_1", math.nan)),
+    ("probe ticks > target", lambda r: r.over_target.get("probe", {}).get("over_1", math.nan)),
     ("prompt cached tokens", lambda r: r.prompt_cached_tokens),
 ]
 

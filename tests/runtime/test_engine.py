@@ -158,6 +158,20 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
     records = engine.budget.costs.records
     alone = [r for r in records if r.shape.slices and not r.shape.decode_contexts]
     assert len(alone) == sum(1 for prefills, decode in calls if prefills and not decode)
+    # Each tick sized for the target is timed against it, probes apart (/metrics): every probe
+    # (the streams' own prompts were parked beside a decoding stream too: a rows' forward, then
+    # a slice's), and the fused ticks sized once the streams' step was measured.
+    def observed(kind: str, sample: str) -> float:
+        value = engine.registry.get_sample_value(f"fairtick_tick_over_target_ratio_{sample}",
+                                                 {"kind": kind})
+        return value or 0.0
+    probes = sum(1 for (p0, d0), (p1, d1) in zip(calls, calls[1:], strict=False)
+                 if not p0 and d0 and p1 and not d1)
+    assert probes > kinds.count("probe")
+    assert observed("probe", "count") == probes
+    assert kinds.count("fused") <= observed("mixed", "count") <= sum(
+        1 for prefills, decode in calls if prefills and decode)
+    assert observed("probe", "sum") > 0 and observed("mixed", "sum") > 0
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):

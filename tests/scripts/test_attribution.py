@@ -8,7 +8,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from benchlib.admission import work_conserving_limit
+from benchlib.admission import ticks_over_target, work_conserving_limit
 from benchlib.attribution import NotComparable, check_attribution, policy_actions
 from benchlib.windows import Window, gaps_in, percentile
 
@@ -125,3 +125,25 @@ def test_the_work_conserving_limit_leaves_the_prompt_what_decode_does_not_need()
     assert work_conserving_limit(20.0, 10.0) == pytest.approx(2.0)
     assert math.isnan(work_conserving_limit(40.0, 10.0))
     assert math.isnan(work_conserving_limit(float("nan"), 10.0))
+
+
+def test_ticks_over_target_are_the_histogram_between_two_snapshots():
+    name = "fairtick_tick_over_target_ratio"
+
+    def snapshot(mixed: tuple[float, float, float], probe: tuple[float, float, float]):
+        # (within 1x, within 1.25x, all) cumulative counts per kind, as /metrics has them
+        out = {}
+        for kind, (le1, le125, count) in (("mixed", mixed), ("probe", probe)):
+            out[f'{name}_bucket{{kind="{kind}",le="1.0"}}'] = le1
+            out[f'{name}_bucket{{kind="{kind}",le="1.25"}}'] = le125
+            out[f'{name}_count{{kind="{kind}"}}'] = count
+        return out
+
+    before = snapshot((50, 58, 60), (3, 4, 4))
+    after = snapshot((140, 166, 170), (3, 4, 4))  # 110 mixed ticks: 20 over 1x, 2 over 1.25x
+    got = ticks_over_target(before, after)
+    assert got["mixed"] == {"ticks": 110, "over_1": pytest.approx(20 / 110),
+                            "over_1.25": pytest.approx(2 / 110)}
+    assert got["probe"]["ticks"] == 0  # none in the window: no share
+    assert math.isnan(got["probe"]["over_1"]) and math.isnan(got["probe"]["over_1.25"])
+    assert ticks_over_target({}, {})["mixed"]["ticks"] == 0  # snapshots without the metric
