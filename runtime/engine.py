@@ -272,10 +272,10 @@ class Engine:
             kv_used))
         self.budget.observe(shape, end - start)
         self.metrics.tick_duration.observe(end - start)
-        if self.budget.target_s is not None and plan.prefills and plan.decode:
+        target_s = self.budget.target_s
+        if target_s and plan.prefills and plan.decode:
             kind = "probe" if self.budget.probe is not None else "mixed"
-            self.metrics.tick_over_target.labels(kind).observe(
-                (end - start) / self.budget.target_s)
+            self.metrics.tick_over_target.labels(kind).observe((end - start) / target_s)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
 
     def _preempt(self, plan: Plan) -> None:

@@ -56,7 +56,9 @@ class TickBudget:
             self.probe = ids, sum(c + 1 for c in rows)
         constrained = ex.num_constrained_decoding()
         decode_s = self.costs.decode_step_p95_s(rows, constrained)
-        if decode_s is None:
+        if not decode_s:
+            # Nothing known of the rows' step yet (a fit of slice ticks alone prices it at 0
+            # s): no target.
             return 0
         decode_s *= self.pace.growth(ids)
         self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3

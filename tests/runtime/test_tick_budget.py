@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.budget import SliceShape, TickShape
+from runtime.budget import CostModel, SliceShape, TickShape
 from runtime.executor import Executor
 from runtime.model import ModelBundle
 from runtime.sampling import SamplingParams
@@ -84,3 +84,17 @@ def test_a_probe_whose_rows_take_the_whole_target_leaves_the_slice_nothing(bundl
     budget, state = budget_with_parked_prompt(bundle)
     slices = probe_slices(budget, state, probe_s=5 * STEP_S, ticks=40)
     assert slices[0] > 0 and slices[1:] == [0] * (len(slices) - 1)
+
+
+def test_no_target_while_the_rows_step_is_priced_at_nothing(bundle):
+    # Right after start-up the cost model may have seen only slice ticks, each costing its
+    # tokens' time: its fit prices a decode step at 0 s. That is no target (a target of 0 s
+    # made the engine divide by it when timing the tick against it, and the engine died).
+    budget, state = budget_with_parked_prompt(bundle)
+    budget.costs = CostModel()
+    for tokens in (4, 8, 16, 32) * 3:
+        budget.costs.observe(TickShape((), (SliceShape(tokens, 0),)), 5e-4 * tokens)
+    assert budget.costs.decode_step_p95_s((20, 21)) == 0.0
+    budget.begin(0)
+    assert budget.slice_tokens(state) == 0  # the policy's min slice then applies
+    assert budget.target_s is None
