@@ -319,14 +319,16 @@ def ticks_over_target(before: dict[str, float],
                       after: dict[str, float]) -> dict[str, dict[str, float]]:
     """From two /metrics snapshots (get_metrics): per kind of tick sized for a latency target,
     the ticks between them and the shares longer than 1x and 1.25x their target."""
+    def delta(sample: str, labels: str) -> float:
+        key = f"{OVER_TARGET}_{sample}{{{labels}}}"
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
     out = {}
     for kind in ("mixed", "probe"):
-        def delta(sample: str, labels: str = "", kind: str = kind) -> float:
-            key = f'{OVER_TARGET}_{sample}{{kind="{kind}"{labels}}}'
-            return after.get(key, 0.0) - before.get(key, 0.0)
-        ticks = delta("count")
+        ticks = delta("count", f'kind="{kind}"')
         out[kind] = {"ticks": ticks, **{
-            f"over_{bound:g}": ratio(ticks - delta("bucket", f',le="{bound}"'), ticks)
+            f"over_{bound:g}": ratio(ticks - delta("bucket", f'kind="{kind}",le="{bound}"'),
+                                     ticks)
             for bound in (1.0, 1.25)}}
     return out
 
