@@ -1,5 +1,6 @@
 """A tick's slice sized by `TickBudget` over a real executor (the built-in model): on a tick that
-probes the streams' pace, the slice gets what the rows' own forward leaves of the target."""
+probes the streams' pace, the slice gets what the rows' own forward leaves of the target; and
+there is no target while nothing is known of the rows' step."""
 
 from __future__ import annotations
 
