@@ -31,11 +31,13 @@ MLX runs each CPU stream on a thread of its own, and a tick with a slice cannot 
 step, so its engine thread waits while one core works. So on the CPU (`attention_streams`)
 every prefill slice of more than one token attends with its key heads split in two halves, one
 on each of two streams, and the decode rows go to the stream with less work (heaviest first):
-the same ops on the same arrays, so bit-equal to one stream. A cross-stream hand-off costs
-about what a small slice's split saves, and large blocks gain most (each half's score block
-stays in the cache). A whole `Executor.run` tick of 4 decode rows and a slice, all at context
-6,000: 4 tokens 20.3 ms, 32 tokens 33.5 ms, against 22.0 and 44.1 ms on one stream (medians of
-9: scripts/bench_fused_tick.py --executor --rows 4 --slices 4,32 --executor-context 6000
+the same ops on the same arrays, so bit-equal to one stream. Large blocks gain most (each
+half's score block stays in the cache), but small slices gain too: 4 decode rows and a slice
+at context 9,000 took 0.82x the one-stream time with 8 tokens, 0.63x with 64 (alternated
+in-process; docs/benchmark_results/2026-12-01-admission.md, tenth session). A whole
+`Executor.run` tick of 4 decode rows and a slice, all at context 6,000: 4 tokens 20.3 ms,
+32 tokens 33.5 ms, against 22.0 and 44.1 ms on one stream (medians of 9:
+scripts/bench_fused_tick.py --executor --rows 4 --slices 4,32 --executor-context 6000
 --reps 9, with each setting). A 10,000-token prompt alone on an idle server reaches its first
 token in 4.8-4.9 s against 7.8-9.9 s on one stream, alternated (4.1-7.1 s over all its runs,
 7.9-11.3 s before the split: scripts/bench_admission_matrix.py; docs/benchmark_results/
