@@ -10,14 +10,22 @@
 
 The values are the model's log-probabilities (log-softmax of the raw logits: runtime/logprobs.py),
 before any sampling control. A token's text is its own decoding; its `bytes` are the UTF-8 of
-that text, or for a byte-level (GPT-2 style) piece that is not whole UTF-8, the piece's bytes.
-`text_offset` counts characters of those texts from the start of the returned text (special
-tokens, such as BOS and EOS, count none: the text does not hold them).
+that text, or for a piece that is not whole UTF-8, the piece's bytes (a byte-level, GPT-2
+style piece, or a SentencePiece byte-fallback `<0xNN>`).
+
+`text_offset` is where each token starts in the returned text, counted in characters: the bytes
+of the tokens so far are decoded as the text is (UTF-8, an invalid byte one U+FFFD), and a token
+that starts inside a multi-byte character gets the offset of that character's start, so a
+character split over tokens gives them all one offset and the offsets never go back. Special
+tokens, such as BOS and EOS, count none: the text does not hold them. With echo the prompt's
+tokens count from 0 and the generated ones from the echoed text's length.
 """
 
 from __future__ import annotations
 
+import codecs
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +36,7 @@ from server.validation import ValidRequest
 # What vLLM reports for a log-probability of -inf: JSON has no infinities.
 LOGPROB_FLOOR = -9999.0
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _finite(value: float) -> float:
@@ -46,10 +55,8 @@ class TokenTexts:
         if token_id not in self._cache:
             text = str(self._tokenizer.decode([token_id]))
             data = list(text.encode("utf-8"))
-            if "\ufffd" in text:  # part of a character: a byte-level piece holds its bytes
-                piece = self._tokenizer.convert_ids_to_tokens(token_id)
-                if isinstance(piece, str) and piece and all(c in _BYTE_OF_CHAR for c in piece):
-                    data = [_BYTE_OF_CHAR[c] for c in piece]
+            if "\ufffd" in text:  # part of a character: the piece holds its bytes
+                data = _piece_bytes(self._tokenizer.convert_ids_to_tokens(token_id)) or data
             self._cache[token_id] = (text, data)
         return self._cache[token_id]
 
@@ -64,7 +71,8 @@ class ChoiceLogprobs:
         self.kind, self._texts, self.num_top, self.echo = kind, texts, num_top, echo
         self._prompt_tokens = prompt_tokens
         self._started = False
-        self._offset = 0
+        self._offset = 0  # characters decoded so far, the bytes of an unfinished one not counted
+        self._utf8 = _utf8_decoder()
         self._content: list[dict[str, Any]] = []
         self._columns: dict[str, list[Any]] = _empty_columns()
 
@@ -77,7 +85,11 @@ class ChoiceLogprobs:
         self._started = True
         if self.num_top is not None:
             self._push_prompt(event.prompt_logprobs or ())
-        self._offset = len(self.echo)
+            # A tokenizer that normalizes may make the prompt's tokens longer than the echo.
+            offsets = self._columns["text_offset"]
+            offsets[:] = [min(offset, len(self.echo)) for offset in offsets]
+        # The generated text is decoded on its own, after the echoed text as it is returned.
+        self._offset, self._utf8 = len(self.echo), _utf8_decoder()
         return self.echo
 
     def take(self, event: TokenEvent) -> None:
@@ -121,11 +133,24 @@ class ChoiceLogprobs:
         self._columns["top_logprobs"].append(top)
         self._columns["text_offset"].append(self._offset)
         if token_id not in self._texts.special:  # BOS, EOS: not in the returned text
-            self._offset += len(text)
+            self._offset += len(self._utf8.decode(bytes(data)))
 
     def _chat_top(self, token_id: int, logprob: float) -> dict[str, Any]:
         text, data = self._texts.get(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": data}
+
+
+def _piece_bytes(piece: object) -> list[int] | None:
+    # `<0xNN>` first: its characters are byte-level ones too.
+    if not isinstance(piece, str) or not piece:
+        return None
+    if fallback := _BYTE_FALLBACK.fullmatch(piece):
+        return [int(fallback.group(1), 16)]
+    return [_BYTE_OF_CHAR[c] for c in piece] if all(c in _BYTE_OF_CHAR for c in piece) else None
+
+
+def _utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 def _empty_columns() -> dict[str, list[Any]]:

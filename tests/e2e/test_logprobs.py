@@ -104,6 +104,22 @@ def check_completion_logprobs(lp, text: str, prefix: list[int], builtin, num_top
         assert text[lp.text_offset[i]] == token
 
 
+def char_starts(text: str) -> list[int]:
+    """For each UTF-8 byte of `text`, the offset of the character it belongs to."""
+    return [i for i, char in enumerate(text) for _ in char.encode()]
+
+
+def merged_columns(chunks) -> dict[str, list]:
+    """The completion logprobs columns of a stream's chunks (one choice), end to end."""
+    merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].logprobs:
+            for key, values in chunk.choices[0].logprobs.model_dump().items():
+                merged[key] += values
+    return merged
+
+
 def test_completion_logprobs_shape_and_values(client, model_name, builtin):
     out = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=6, logprobs=3)
     choice = out.choices[0]
@@ -164,14 +180,35 @@ def test_echo_streams_the_prompt_first(client, model_name):
                                                    stream=True) if c.choices]
     assert chunks[0].choices[0].text == PROMPT
     assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
-    merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                               "text_offset": []}
-    for chunk in chunks:
-        if chunk.choices[0].logprobs:
-            for key, values in chunk.choices[0].logprobs.model_dump().items():
-                merged[key] += values
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
-    assert merged == whole.choices[0].logprobs.model_dump()
+    assert merged_columns(chunks) == whole.choices[0].logprobs.model_dump()
+
+
+def test_text_offsets_count_characters_of_a_multibyte_echo(client, model_name):
+    # One token per byte: those of "é" and "😀" all start where their character starts, and the
+    # generated tokens follow the echo's 6 characters, not its 10 bytes.
+    prompt = "héllo😀"
+    args = {"model": model_name, "prompt": prompt, "max_tokens": 2, "logprobs": 1, "echo": True}
+    whole = client.completions.create(**args)
+    text, lp = whole.choices[0].text, whole.choices[0].logprobs
+    assert text.startswith(prompt) and len(lp.tokens) == 1 + len(text.encode())
+    assert lp.text_offset == [0, *char_starts(text)], "BOS first, at 0"
+    assert lp.text_offset[-2:] == [6, 7]
+    assert merged_columns(client.completions.create(**args, stream=True)) == lp.model_dump()
+
+
+def test_text_offsets_count_characters_of_multibyte_generated_text(client, model_name):
+    # The built-in model emits only ASCII by itself; a schema's enum makes it write "é😀!".
+    form = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"enum": ["é😀!"]}}}
+    args = {"model": model_name, "prompt": "hé", "max_tokens": 20, "logprobs": 0,
+            "extra_body": {"response_format": form}}
+    whole = client.completions.create(**args)
+    text, lp = whole.choices[0].text, whole.choices[0].logprobs
+    assert text == '"é😀!"' and lp.text_offset == char_starts(text) == [0, 1, 1, 2, 2, 2, 2, 3, 4]
+    assert merged_columns(client.completions.create(**args, stream=True)) == lp.model_dump()
+    echoed = client.completions.create(**args, echo=True)
+    assert echoed.choices[0].text == "hé" + text
+    assert echoed.choices[0].logprobs.text_offset == [0, *char_starts("hé" + text)]
 
 
 def test_sampling_controls_through_the_client(client, model_name):
