@@ -127,8 +127,8 @@ class ContextOverflow(ValueError):
         self.num_prompt, self.max_tokens = num_prompt, max_tokens
         self.context_length = context_length
         if self.leaves_no_room:
-            message = (f"the prompt has {num_prompt} tokens, which leaves no room to generate "
-                       f"in the model's context of {context_length}")
+            message = (f"the {num_prompt} tokens of the prompt leave no room to generate in "
+                       f"the model's context of {context_length}")
         else:
             message = (f"prompt ({num_prompt} tokens) plus max_tokens ({max_tokens}) is "
                        f"{num_prompt + (max_tokens or 0)} tokens, more than the model's "

@@ -67,11 +67,17 @@ def body_error(model: type[BaseModel], error: Any) -> ApiError:
     elif kind == "value_error":
         what = str(ctx.get("error", error["msg"]))
     else:
-        got = f"{ctx['actual_length']} items" if kind in ("too_long", "too_short") else show(value)
+        got = f"{_length(ctx, value)} items" if kind in ("too_long", "too_short") else show(value)
         what = f"must be {allowed_values(schema, error, defs)}" + ("" if is_key else f", got {got}")
     if is_key:
         what = f"key {show(value, whole_string=False)} {what}"
     return invalid(f"`{path or 'body'}` {what}", path or None)
+
+
+def _length(ctx: dict[str, Any], value: Any) -> Any:
+    # pydantic leaves a dict's length out of its too_long error (actual_length None).
+    length = ctx.get("actual_length")
+    return len(value) if length is None and isinstance(value, (dict, list)) else length
 
 
 def definitions(schema: Any) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Each role has its own model, chosen by `role` (a bad role is one error naming
 `messages[i].role` and the roles allowed). Content is a string or a list of parts chosen by
 `type`. Image, audio, file and refusal parts are declared so that their shapes are checked;
 server/unimplemented.py then refuses them (the engine takes text only). An assistant turn's
-`tool_calls` and `tool` turns are taken.
+`tool_calls` and `tool` turns (with the `tool_call_id` they answer, as OpenAI requires) are
+taken.
 `prompt_messages` turns accepted messages into the dicts a chat template takes.
 """
 
@@ -137,7 +138,7 @@ class AssistantMessage(Strict):
 class ToolMessage(Strict):
     role: Literal["tool"]
     content: TextContent
-    tool_call_id: str | None = None  # OpenAI requires it; a template may not need it
+    tool_call_id: str  # the assistant's call this answers; OpenAI requires it
 
 
 Message = Annotated[
@@ -167,7 +168,7 @@ def prompt_messages(messages: list[Message]) -> list[dict[str, Any]]:
             item["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": c.function.arguments}}
                 for c in m.tool_calls]
-        if isinstance(m, ToolMessage) and m.tool_call_id is not None:
+        if isinstance(m, ToolMessage):
             item["tool_call_id"] = m.tool_call_id
         out.append(item)
     return out

@@ -298,7 +298,7 @@ def _fit_context(num_prompt: int, body: CompletionBody | ChatBody, limits: Model
         context = limits.context_length
         if exc.leaves_no_room:
             raise invalid(f"This model's maximum context length is {context} tokens; the "
-                          f"{prompt_param} has {num_prompt} tokens, which leaves no room to "
+                          f"{num_prompt} tokens of the {prompt_param} leave no room to "
                           "generate", prompt_param, code="context_length_exceeded") from None
         raise invalid(f"This model's maximum context length is {context} tokens; you requested "
                       f"{num_prompt + (requested or 0)} ({num_prompt} in the {prompt_param}, "

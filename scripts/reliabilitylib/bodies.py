@@ -68,8 +68,8 @@ _MESSAGE = st.one_of(
                            "content": _TEXT_CONTENT}, optional={"name": _text(1)}),
     st.fixed_dictionaries({"role": st.just("assistant"), "content": _TEXT_CONTENT | st.none()},
                           optional={"name": _text(1), "tool_calls": st.just([])}),
-    st.fixed_dictionaries({"role": st.just("tool"), "content": _TEXT_CONTENT},
-                          optional={"tool_call_id": _text(1)}))
+    st.fixed_dictionaries({"role": st.just("tool"), "content": _TEXT_CONTENT,
+                           "tool_call_id": _text(1)}))
 
 _COMMON: dict[str, st.SearchStrategy[Any]] = {
     "temperature": st.floats(0.0, 2.0), "top_p": st.floats(0.01, 1.0),

@@ -82,7 +82,8 @@ def test_the_context_check_is_one_function():
     assert not info.value.leaves_no_room and "21 tokens" in str(info.value)
     with pytest.raises(ContextOverflow) as info:
         check_context(20, 1, 20)
-    assert info.value.leaves_no_room and "leaves no room" in str(info.value)
+    assert info.value.leaves_no_room
+    assert "the 20 tokens of the prompt leave no room to generate" in str(info.value)
 
 
 def test_validation_imports_no_mlx():

@@ -170,7 +170,8 @@ def test_prompt_plus_max_tokens_fill_the_context_and_no_more():
 
 def test_a_prompt_needs_room_for_one_token():
     assert completion(prompt=[65] * (CONTEXT - 1)).sampling.max_tokens == 1
-    err = expect(completion, prompt=[65] * CONTEXT, param="prompt", match="maximum context length")
+    err = expect(completion, prompt=[65] * CONTEXT, param="prompt",
+                 match=f"the {CONTEXT} tokens of the prompt leave no room to generate")
     assert err.code == "context_length_exceeded"
 
 
@@ -183,8 +184,10 @@ def test_a_text_prompt_is_measured_in_the_tokenizers_tokens():
 
 
 def test_chat_longer_than_the_context():
-    expect(chat, messages=[{"role": "user", "content": "x" * CONTEXT}], param="messages",
-           match="maximum context length")
+    err = expect(chat, messages=[{"role": "user", "content": "x" * CONTEXT}], param="messages",
+                 match="maximum context length")
+    # The message reads right whatever the prompt's param is called ("the messages has" did not).
+    assert " tokens of the messages leave no room to generate" in err.message
 
 
 def test_min_tokens():
@@ -214,6 +217,14 @@ def test_stop_limits():
     expect(completion, stop=[""], param="stop[0]", match="1 to 256 characters")
     expect(completion, stop="y" * 10_000, param="stop",
            match="1 to 256 characters, got a string of 10000 characters")
+
+
+def test_metadata_limits_count_the_items_sent():
+    entries = {f"k{i}": "v" for i in range(16)}
+    assert chat(metadata=entries).prompt_tokens == chat().prompt_tokens
+    # pydantic leaves a dict's length out of its error; it once read "got None items".
+    expect(chat, metadata={**entries, "k16": "v"}, param="metadata",
+           match="an object of at most 16 items, got 17 items")
 
 
 def test_stream_flags():
@@ -461,6 +472,9 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     tool = {"role": "tool", "content": "42", "tool_call_id": "c"}
     roomy = dataclasses.replace(limits(), context_length=4096)  # a tool turn renders long
     assert validate_request("chat", {"messages": [ok, tool]}, roomy, encoder()).ignored == ()
+    # OpenAI requires the id of the call a tool message answers.
+    expect(chat, messages=[ok, {"role": "tool", "content": "42"}],
+           param="messages[1].tool_call_id", match="`messages[1].tool_call_id` is required")
     for message, field in ((ok, "name"), (tool, "tool_call_id")):
         expect(chat, messages=[ok, {**message, field: {"a": 1}}], param=f"messages[1].{field}",
                match="must be a string")
