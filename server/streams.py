@@ -100,8 +100,9 @@ class EventStream:
         return lambda event: self._sink(replace(event, index=first + event.index))
 
     def submit(self, prompt_param: str) -> None:
-        """Hand the requests to the engine; a refusal aborts the ones handed over already and
-        becomes the matching HTTP error."""
+        """Hand the requests to the engine (none of a batch the queue could never hold); a
+        refusal aborts the ones handed over already and becomes the matching HTTP error."""
+        check_fits_queue(len(self.requests), self.engine.admission.max_waiting, prompt_param)
         first = 0
         try:
             for request in self.requests:
@@ -164,6 +165,19 @@ class EventStream:
                 self.engine.abort(request_id, cause)
             except EngineDead:  # nothing left to free
                 pass
+
+
+def check_fits_queue(num_requests: int, max_waiting: int, prompt_param: str) -> None:
+    """A 400 for a batch of more prompts than the waiting queue holds: each prompt takes a place
+    in it (its `n` choices take none), so even an idle server could never queue it whole, and a
+    429 would ask the client to retry what can never succeed. One that fits an empty queue but
+    not the current one gets the engine's 429."""
+    if 0 < max_waiting < num_requests:
+        raise invalid(f"This request sends {num_requests} prompts and each takes a place in the "
+                      f"queue of requests waiting to run, which holds {max_waiting} "
+                      f"(--max-waiting {max_waiting}): it could never be queued. Send at most "
+                      f"{max_waiting} prompts per request (n does not count: a prompt's choices "
+                      "share its place)", prompt_param)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

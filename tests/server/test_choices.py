@@ -196,12 +196,44 @@ def test_a_failed_prompt_of_a_batch_is_500_and_aborts_the_others(bundle, monkeyp
         served.wait_idle()
 
 
-def test_a_batch_the_queue_cannot_hold_is_429_and_leaves_nothing_behind(bundle):
-    with serve(bundle, max_running=1, max_waiting=1) as served:
-        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b", "c"]})
-        assert reply.status == 429 and "--max-waiting 1" in reply.error()["message"]
+def test_a_batch_no_queue_could_hold_is_400_and_n_takes_no_place(bundle):
+    # Each prompt takes a place in the queue; a 429 would have a client retry for ever.
+    with serve(bundle, max_running=1, max_waiting=2) as served:
+        before = len(served.trace())
+        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 2})
+        assert reply.status == 400 and "retry-after" not in reply.headers, reply.body
+        error = reply.error()
+        assert error["type"] == "invalid_request_error" and error["param"] == "prompt"
+        message = error["message"]
+        assert "3 prompts" in message and "--max-waiting 2" in message, message
+        assert "at most 2 prompts" in message, message
+        assert served.trace()[before:] == [], "none of it reached the engine"
         served.wait_idle()
-        assert post(served.url, "/v1/completions", {"prompt": ["a"]}).status == 200
+        # `n` takes no place: two prompts of three choices each fit the queue of two.
+        reply = post(served.url, "/v1/completions",
+                     {"prompt": ["a", "b"], "n": 3, "max_tokens": 2})
+        assert reply.status == 200 and len(reply.json()["choices"]) == 6, reply.body
+        served.wait_idle()
+
+
+def test_a_batch_that_fits_an_empty_queue_but_not_this_one_is_429_and_leaves_nothing(bundle):
+    with serve(bundle, max_running=1, max_waiting=2) as served:
+        holder = OpenStream(served.url, "/v1/completions",
+                            {"prompt": "hold", "max_tokens": 20_000, "stream": True})
+        holder.read_event()  # it runs: the running place is taken
+        queued = OpenStream(served.url, "/v1/completions",
+                            {"prompt": "queued", "max_tokens": 3, "stream": True})
+        served.wait_for(lambda s: s["admission"]["queued"] == 1)
+        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2})
+        assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1, reply.body
+        assert "--max-waiting 2" in reply.error()["message"]
+        served.wait_for(lambda s: s["admission"]["queued"] == 1)  # its first prompt's place
+        holder.drop()
+        queued.drop()
+        served.wait_idle()
+        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2})
+        assert reply.status == 200, reply.body
+        served.wait_idle()
 
 
 # --- batch and token prompts ------------------------------------------------------------------
