@@ -20,11 +20,14 @@ class ResponseHeader:
     kind: str  # "completion" or "chat"
     model: str
     created: int
+    # stream_options.include_usage: every chunk but the last (the usage chunk) has "usage": null
+    include_usage: bool = False
 
 
-def make_header(kind: str, model: str) -> ResponseHeader:
+def make_header(kind: str, model: str, include_usage: bool = False) -> ResponseHeader:
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()))
+    return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()),
+                          include_usage)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,13 @@ def full_body(header: ResponseHeader, choices: list[Choice],
     return {**_envelope(header, obj, out), "usage": counts}
 
 
+def _chunk(header: ResponseHeader, choice: dict[str, Any]) -> dict[str, Any]:
+    # OpenAI: with include_usage, every chunk before the usage chunk carries "usage": null.
+    obj = "text_completion" if header.kind == "completion" else "chat.completion.chunk"
+    out = _envelope(header, obj, [choice])
+    return {**out, "usage": None} if header.include_usage else out
+
+
 def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
           index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk of choice `index`, with the log-probabilities of its tokens; for
@@ -93,12 +103,12 @@ def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
     choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
                               "finish_reason": finish_reason}
     if header.kind == "completion":
-        return _envelope(header, "text_completion", [{**choice, "text": text or ""}])
+        return _chunk(header, {**choice, "text": text or ""})
     if text is None and finish_reason is None:
         delta: dict[str, str] = {"role": "assistant", "content": ""}
     else:
         delta = {"content": text} if text else {}
-    return _envelope(header, "chat.completion.chunk", [{**choice, "delta": delta}])
+    return _chunk(header, {**choice, "delta": delta})
 
 
 def call_chunk(header: ResponseHeader, call: ToolCall, call_index: int,
@@ -107,7 +117,7 @@ def call_chunk(header: ResponseHeader, call: ToolCall, call_index: int,
     one piece), the choice's `call_index`-th."""
     choice = {"index": index, "logprobs": None, "finish_reason": None,
               "delta": {"tool_calls": [tool_call(call, call_index)]}}
-    return _envelope(header, "chat.completion.chunk", [choice])
+    return _chunk(header, choice)
 
 
 def usage_chunk(header: ResponseHeader, counts: dict[str, int]) -> dict[str, Any]:

@@ -62,11 +62,21 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
                       ctx.config.max_body_bytes)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     grammar = await _compile_grammar(ctx.engine, valid)
-    header = fmt.make_header(kind, ctx.limits.name)
+    header = fmt.make_header(kind, ctx.limits.name, valid.include_usage)
     log_ignored(header.request_id, valid.ignored)
+    try:
+        return await _run(request, header, valid, grammar)
+    except ApiError as exc:  # a refusal or failure names the id the log and the trace use
+        exc.headers.setdefault("X-Request-Id", header.request_id)
+        raise
+
+
+async def _run(request: Request, header: fmt.ResponseHeader, valid: ValidRequest,
+               grammar: Grammar | None) -> HTTPResponse | None:
+    ctx = request.app.ctx
     logprobs = choice_logprobs(valid, ctx.encoder.tokenizer)  # each choice's formatter, if asked
     stream = EventStream(ctx.engine, *engine_requests(header.request_id, valid, grammar))
-    stream.submit("prompt" if kind == "completion" else "messages")
+    stream.submit("prompt" if header.kind == "completion" else "messages")
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
     try:
@@ -126,7 +136,8 @@ async def _collect(stream: EventStream, header: fmt.ResponseHeader, valid: Valid
                        logprobs[i].flush() if i in logprobs else None)
                for i, e in last.items()]
     return json(fmt.full_body(header, choices, _usage(valid, last.values())),
-                headers=ignored_header(list(valid.ignored)))
+                headers={"X-Request-Id": header.request_id,
+                         **ignored_header(list(valid.ignored))})
 
 
 def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest,

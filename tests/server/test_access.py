@@ -113,6 +113,7 @@ def test_cross_origin_responses_carry_the_allow_origin_header(keyed):
         assert reply.status == status, reply.body
         assert reply.headers["access-control-allow-origin"] == "*"
         assert "X-Request-Id" in reply.headers["access-control-expose-headers"]
+    assert ok.headers["x-request-id"] == ok.json()["id"], "a page can read the id it exposes"
 
 
 def test_a_stream_carries_the_allow_origin_header(keyed):

@@ -100,6 +100,15 @@ def test_completion_body(served, bundle):
     assert again["choices"][0]["text"] == choice["text"], "greedy output is reproducible"
 
 
+def test_whole_responses_carry_their_id_in_x_request_id(served):
+    # As streams always did: the id the log and the trace name the request by.
+    for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", CHAT)):
+        reply = post(served.url, path, body)
+        assert reply.status == 200, reply.body
+        assert reply.headers["x-request-id"] == reply.json()["id"]
+
+
 def test_chat_stream_with_usage(served):
     whole = post(served.url, "/v1/chat/completions", CHAT).json()
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
@@ -108,6 +117,8 @@ def test_chat_stream_with_usage(served):
     data = reply.sse_data()
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
+    # OpenAI's shape: every chunk but the usage chunk says "usage": null.
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == whole["choices"][0]["message"]["content"] and len(text) == 3
@@ -119,6 +130,23 @@ def test_chat_stream_with_usage(served):
     assert {**usage, "prompt_tokens_details": None} == \
         {**whole["usage"], "prompt_tokens_details": None}
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert reply.headers["x-request-id"] == chunks[0]["id"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+    ("/v1/chat/completions", CHAT),
+])
+def test_usage_null_on_every_chunk_only_when_usage_is_asked_for(served, path, body):
+    asked = post(served.url, path, {**body, "stream": True,
+                                    "stream_options": {"include_usage": True}})
+    chunks = [json.loads(d) for d in asked.sse_data()[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert [c["usage"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    for options in ({}, {"stream_options": {"include_usage": False}}):
+        plain = post(served.url, path, {**body, "stream": True, **options})
+        chunks = [json.loads(d) for d in plain.sse_data()[:-1]]
+        assert chunks and all("usage" not in c for c in chunks), chunks
 
 
 def test_models(served, bundle):
@@ -158,6 +186,7 @@ def test_a_full_queue_is_429_with_retry_after_at_once(served):
     [refusal] = served.trace()[before:]
     assert (refusal["kind"], refusal["rule"], refusal["seq"]) == ("refusal", "queue_full", None)
     assert refusal["request_id"].startswith("cmpl-")
+    assert reply.headers["x-request-id"] == refusal["request_id"], "the refusal is findable"
     holder.drop()
     events = rest(queued)
     assert len(sse_text(events)) == 3, "the queued request runs once the slot is free"
@@ -193,6 +222,7 @@ def test_a_failed_prefill_is_500_and_other_requests_continue(two_slots, monkeypa
     error = reply.error()
     assert error["code"] == "generation_error" and error["type"] == "server_error"
     assert "injected fault in prefill" in error["message"]
+    assert reply.headers["x-request-id"].startswith("cmpl-")
     assert sse_text([first, *rest(healthy)]) == expected, "the other stream is unaffected"
     two_slots.wait_idle()
     assert get(two_slots.url, "/health").json()["status"] == "ok"
