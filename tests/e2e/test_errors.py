@@ -87,6 +87,35 @@ def test_chat_field_errors(server):
     assert reply.status == 400 and reply.error()["param"] == "messages[0].role"
 
 
+def test_a_tool_message_needs_its_tool_call_id(server):
+    messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
+    reply = post(server.url, "/v1/chat/completions", {"messages": messages, "max_tokens": 2})
+    assert reply.status == 400, reply.body
+    error = reply.error()
+    assert error["param"] == "messages[1].tool_call_id"
+    assert error["message"] == "`messages[1].tool_call_id` is required: a string"
+
+
+def test_metadata_over_16_entries_says_how_many_were_sent(server):
+    metadata = {f"k{i}": "v" for i in range(17)}
+    reply = post(server.url, "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "hi"}], "metadata": metadata})
+    assert reply.status == 400 and reply.error()["param"] == "metadata"
+    assert reply.error()["message"].endswith("at most 16 items, got 17 items")
+
+
+def test_a_batch_more_than_max_waiting_could_never_queue_is_400(server):
+    # The server runs with --max-waiting 2; a 429 would have the client retry for ever.
+    reply = post(server.url, "/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 2})
+    assert reply.status == 400 and "retry-after" not in reply.headers, reply.body
+    error = reply.error()
+    assert (error["type"], error["param"]) == ("invalid_request_error", "prompt")
+    assert "3 prompts" in error["message"] and "--max-waiting 2" in error["message"]
+    assert "at most 2 prompts" in error["message"]
+    fits = post(server.url, "/v1/completions", {"prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+    assert fits.status == 200 and len(fits.json()["choices"]) == 4, fits.body
+
+
 def test_unknown_model_is_404(server):
     reply = post(server.url, "/v1/completions", {**GOOD, "model": "gpt-4o"})
     assert reply.status == 404 and reply.error()["code"] == "model_not_found"
@@ -100,6 +129,12 @@ def test_prompt_longer_than_the_context(server, model_name):
     error = reply.error()
     assert reply.status == 400 and error["param"] == "prompt"
     assert error["code"] == "context_length_exceeded"
+    assert f"the {context + 1} tokens of the prompt leave no room" in error["message"]
+    chat = post(server.url, "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "a" * context}]})
+    error = chat.error()
+    assert chat.status == 400 and error["param"] == "messages"
+    assert " tokens of the messages leave no room to generate" in error["message"], error
 
 
 def test_wrong_content_type_is_415(server):
