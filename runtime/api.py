@@ -29,7 +29,10 @@ class GenerationRequest:
     """One request as the engine sees it: already tokenized and validated. `n` choices share
     its prompt, prefilled once (choice j samples with `choice_sampling(sampling, j)`). With a
     `grammar` (a compiled response format or forced tool call), every token each choice samples
-    is masked by it, each choice with a matcher of its own."""
+    is masked by it, each choice with a matcher of its own. A completions batch is one request
+    per prompt (ids `ID-0`, `ID-1`, ...), each naming the response they make up, `response_id`
+    (the id the client saw), and `num_prompts`: the engine counts, logs and traces that response
+    once (runtime/outcomes.py)."""
 
     request_id: str
     prompt_tokens: tuple[int, ...]
@@ -37,6 +40,13 @@ class GenerationRequest:
     cache_prompt: bool = True  # False: neither reuse a cached prefix nor leave one behind
     n: int = 1
     grammar: Grammar | None = None
+    response_id: str | None = None  # None: the response is this request alone
+    num_prompts: int = 1  # the engine requests sharing `response_id`, submitted in order
+
+    @property
+    def client_id(self) -> str:
+        """The id its client saw: its response's."""
+        return self.response_id or self.request_id
 
 
 # An odd constant near 2**64 / golden ratio (splitmix64's increment): seeds j apart stay apart.

@@ -34,7 +34,7 @@ from runtime.grammar import GrammarCompiler, make_grammar_compiler
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
-from runtime.outcomes import record_outcome
+from runtime.outcomes import Outcomes
 from runtime.prefix_reuse import PrefixReuse
 from runtime.requests import LiveRequest
 from runtime.tick_budget import TickBudget
@@ -59,6 +59,7 @@ class Engine:
         self.bundle = bundle or load_model(config.model)
         self.metrics = EngineMetrics()
         self.registry = self.metrics.registry
+        self.outcomes = Outcomes(self.metrics)
         self.trace = TraceLog(config.trace_capacity, started=time.time())
         self.kv = make_kv_budget(self.bundle.model, config.max_kv_tokens)
         self.metrics.kv_budget.set(self.kv.tokens)
@@ -127,6 +128,8 @@ class Engine:
                 type(exc), "invalid_request")
             self.trace.record(TraceEvent(self.scheduler.tick, None, None, None, "refuse",
                                          reason, time.time(), request.request_id, "refusal"))
+            if request.num_prompts > 1:  # the batch is a refusal: its prompts taken go uncounted
+                self._inbox.put(("refuse", request.client_id))
             raise
         self._inbox.put(("submit", (request, sink, time.monotonic())))
         self._wake.set()
@@ -141,6 +144,8 @@ class Engine:
             raise ValueError("the prompt is empty: send at least one token")
         if not isinstance(request.n, int) or isinstance(request.n, bool) or request.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {request.n!r}")
+        if not isinstance(request.num_prompts, int) or request.num_prompts < 1:
+            raise ValueError(f"num_prompts must be an integer >= 1, got {request.num_prompts!r}")
         if request.grammar is not None and (request.sampling.ignore_eos or
                                             request.sampling.min_tokens):
             raise ValueError(GRAMMAR_ENDS_OUTPUT)
@@ -223,7 +228,8 @@ class Engine:
             if kind == "submit":
                 request, sink, submitted_s = item
                 live = LiveRequest(next(self._ids), request, sink, self.bundle.tokenizer,
-                                   self.bundle.eos_token_ids, submitted_s)
+                                   self.bundle.eos_token_ids,
+                                   self.outcomes.take(request, submitted_s))
                 if refuse is not None:
                     live.end("error", error=refuse)
                     self.admission.release(queued=True)
@@ -242,6 +248,8 @@ class Engine:
                 request_id, cause = item
                 for seq_id in list(self._by_request.get(request_id, ())):
                     self._retire(seq_id, cause)
+            elif kind == "refuse":
+                self.outcomes.refuse(item)
 
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""
@@ -349,7 +357,8 @@ class Engine:
         born = []
         for index in range(1, request.n):
             child = LiveRequest(next(self._ids), request, live.sink, bundle.tokenizer,
-                                bundle.eos_token_ids, live.submitted_s, index)
+                                bundle.eos_token_ids, live.response, index)
+            live.response.fork()
             child.admitted_s = live.admitted_s  # its request was admitted: no queue place
             self._live[child.seq_id] = child
             self._by_request[request.request_id].append(child.seq_id)
@@ -424,10 +433,10 @@ class Engine:
             self.executor.release(seq_id)
 
     def _record_outcome(self, live: LiveRequest, cause: AbortCause | None = None) -> None:
-        # Without a cause, a request that ended unfinished ended with the engine.
+        # Without a cause, a sequence that ended unfinished ended with the engine.
         if cause is None and live.finish_reason in ("abort", "error"):
             cause = "error" if self.error else "server_shutdown"
-        record_outcome(live.outcome(time.monotonic(), cause), self.metrics)
+        self.outcomes.end(live.response, live.ended(time.monotonic(), cause))
 
     def _make_prefix_reuse(self) -> PrefixReuse | None:
         if not self.config.prefix_cache or not self.executor.can_cache_prefixes:
@@ -445,7 +454,8 @@ class Engine:
                 role = self.scheduler.role(live.seq_id)
                 if role is not None and role is not Role.QUEUED:
                     live.admitted_s = now_s
-                    self.metrics.queue_time.observe(now_s - live.submitted_s)
+                    if live.response.admit(now_s):  # observed once per response
+                        self.metrics.queue_time.observe(now_s - live.response.submitted_s)
                     self.admission.admitted()
 
     def _record(self, plan: Plan) -> int:

@@ -45,12 +45,13 @@ class EngineMetrics:
         self.generation_tokens = Counter("fairtick_generation_tokens", "Tokens generated",
                                          registry=r)
         self.ttft = Histogram("fairtick_time_to_first_token_seconds",
-                              "Submission to first token", buckets=_LATENCY_BUCKETS, registry=r)
+                              "Submission to a request's first token (of any choice or prompt)",
+                              buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("fairtick_inter_token_latency_seconds",
                              "Time between two tokens of one request", buckets=_LATENCY_BUCKETS,
                              registry=r)
         self.queue_time = Histogram("fairtick_request_queue_time_seconds",
-                                    "Submission to first admission",
+                                    "Submission to a request's first admission",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.parked_wait = Histogram("fairtick_parked_wait_ticks",
                                      "Ticks a parked prefill waited before each grant",
@@ -89,14 +90,15 @@ class EngineMetrics:
 
     def _add_outcomes(self, r: CollectorRegistry) -> None:
         self.requests_finished = Counter(
-            "fairtick_requests_finished", "Requests that finished, by finish_reason: stop (a "
-            "stop token or string) or length (max_tokens)", ["finish_reason"], registry=r)
+            "fairtick_requests_finished", "Requests whose every choice finished, by "
+            "finish_reason: length if any choice reached max_tokens, else stop (a stop token or "
+            "string)", ["finish_reason"], registry=r)
         for reason in ("stop", "length"):
             self.requests_finished.labels(reason)
         self.requests_aborted = Counter(
-            "fairtick_requests_aborted", "Requests the engine took that ended before they "
-            "finished, by cause: client_disconnect, server_shutdown or error", ["cause"],
-            registry=r)
+            "fairtick_requests_aborted", "Requests the engine took that ended unfinished (a "
+            "choice of theirs was cut short), by cause: client_disconnect, server_shutdown or "
+            "error", ["cause"], registry=r)
         for cause in get_args(AbortCause):
             self.requests_aborted.labels(cause)
         self.requests_refused = Counter(
@@ -104,7 +106,8 @@ class EngineMetrics:
             "took them, by HTTP status and reason (the error's code)", ["status", "reason"],
             registry=r)
         self.e2e_latency = Histogram("fairtick_e2e_request_latency_seconds",
-                                     "Submission to the last token of a finished request",
+                                     "Submission to a finished request's last token (of "
+                                     "all its choices)",
                                      buckets=_E2E_BUCKETS, registry=r)
 
 

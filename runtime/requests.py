@@ -1,5 +1,5 @@
 """One choice of a request on the engine side (one sequence): its sink, its text stream, its
-clocks."""
+clocks, and the response it belongs to (runtime/outcomes.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from runtime.api import AbortCause, FinishReason, GenerationRequest, Sink, Token
 from runtime.detok import TextStream
 from runtime.logprobs import TokenLogprob
 from runtime.metrics import EngineMetrics
-from runtime.outcomes import RequestOutcome
+from runtime.outcomes import ResponseTally, SequenceEnd
 
 
 def kv_tokens(request: GenerationRequest) -> int:
@@ -20,15 +20,14 @@ class LiveRequest:
     when it ends."""
 
     def __init__(self, seq_id: int, request: GenerationRequest, sink: Sink, tokenizer: object,
-                 eos_token_ids: frozenset[int], submitted_s: float, index: int = 0) -> None:
+                 eos_token_ids: frozenset[int], response: ResponseTally, index: int = 0) -> None:
         self.seq_id, self.request, self.sink = seq_id, request, sink
+        self.response = response  # every sequence of its client's request shares it
         self.index = index  # the choice this sequence generates (0 to n - 1)
         self.forked = False  # choice 0 only: its siblings were made at its first token
         self.stream = TextStream(tokenizer, request.sampling.stop)
         self.eos_token_ids = eos_token_ids
-        self.submitted_s = submitted_s
         self.admitted_s: float | None = None
-        self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.num_generated = 0
         self.num_preemptions = 0  # the scheduler's count, copied from its preemption events
@@ -50,9 +49,8 @@ class LiveRequest:
         were asked for); True when the request is finished by it."""
         sampling = self.request.sampling
         if self.last_token_s is None:
-            self.first_token_s = now_s
-            if self.index == 0:  # the request's first token; its siblings share the prompt
-                metrics.ttft.observe(now_s - self.submitted_s)
+            if self.response.first_token(now_s):  # observed once per response
+                metrics.ttft.observe(now_s - self.response.submitted_s)
         else:
             metrics.itl.observe(now_s - self.last_token_s)
         self.last_token_s = now_s
@@ -82,17 +80,13 @@ class LiveRequest:
             self.finish_reason = event.finish_reason
             self._send(event)
 
-    def outcome(self, now_s: float, cause: AbortCause | None) -> RequestOutcome:
+    def ended(self, now_s: float, cause: AbortCause | None) -> SequenceEnd:
         """How it ended (after `end`): `cause` None if it finished."""
         assert self.finish_reason is not None, "outcome of a request that has not ended"
-        since = self.submitted_s
-        # A finished request ended with its last token; an aborted one ends now.
+        # A finished sequence ended with its last token; an aborted one ends now.
         end_s = self.last_token_s if cause is None and self.last_token_s is not None else now_s
-        return RequestOutcome(
-            self.request_id, self.finish_reason, cause, len(self.request.prompt_tokens),
-            self.num_generated, None if self.admitted_s is None else self.admitted_s - since,
-            None if self.first_token_s is None else self.first_token_s - since, end_s - since,
-            self.num_preemptions)
+        return SequenceEnd(self.finish_reason, cause, self.num_generated, end_s,
+                           self.num_preemptions)
 
     def _event(self, token: int | None, text: str, reason: FinishReason | None,
                logprob: TokenLogprob | None = None,

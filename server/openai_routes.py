@@ -95,10 +95,11 @@ async def _run(request: Request, header: fmt.ResponseHeader, valid: ValidRequest
 def engine_requests(request_id: str, valid: ValidRequest,
                     grammar: Grammar | None = None) -> list[GenerationRequest]:
     """One engine request per prompt, each with the request's `n` choices (and its grammar:
-    each choice gets a matcher of its own)."""
+    each choice gets a matcher of its own), all parts of the response `request_id`."""
     many = len(valid.prompts) > 1
     return [GenerationRequest(f"{request_id}-{i}" if many else request_id, p.tokens, p.sampling,
-                              n=valid.n, cache_prompt=valid.cache_prompt, grammar=grammar)
+                              n=valid.n, cache_prompt=valid.cache_prompt, grammar=grammar,
+                              response_id=request_id, num_prompts=len(valid.prompts))
             for i, p in enumerate(valid.prompts)]
 
 

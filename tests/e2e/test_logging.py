@@ -84,6 +84,19 @@ def test_each_request_logs_one_line_and_no_access_log_by_default(server):
     assert "sanic.access" not in server.log_path.read_text()
 
 
+def test_a_batch_of_choices_logs_one_line_under_the_id_the_client_saw(server):
+    reply = post(server.url, "/v1/completions",
+                 {"prompt": ["one", "two"], "n": 2, "max_tokens": 2}).json()
+    fields = request_fields(server, reply["id"])
+    assert (fields["outcome"], fields["finish_reason"]) == ("finished", "length")
+    assert int(fields["prompt_tokens"]) == reply["usage"]["prompt_tokens"]
+    assert int(fields["completion_tokens"]) == reply["usage"]["completion_tokens"] == 2 * 2 * 2
+    server.wait_idle()
+    mine = log_matches(server.log_path.read_text(), rf"fairtick\.requests: request "
+                       rf"{reply['id']}\S* .+")
+    assert len(mine) == 1, [m.group(0) for m in mine]
+
+
 def test_the_access_log_and_the_level_flag_over_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(LOG_LEVEL_ENV, "warning")
     served = start_server(tmp_path, "--access-log", "--log-level", "info", *SERVE_FLAGS)

@@ -86,6 +86,75 @@ def test_a_stop_string_counts_as_stop(served):
     wait_moves(served.url, before, {series(FINISHED, finish_reason="stop"): 1})
 
 
+# --- one outcome per request, whatever its choices and prompts ----------------------------------
+
+@pytest.fixture(scope="module")
+def roomy(bundle):
+    """Room for a batch of prompts and their choices."""
+    with serve(bundle, max_running=4, max_waiting=4) as served:
+        yield served
+
+
+@pytest.mark.parametrize("body", [{"prompt": "three", "n": 3},
+                                  {"prompt": ["a", "b"], "n": 2},
+                                  {"prompt": ["a", "b", "c"]}])
+def test_choices_and_batch_prompts_are_one_finished_request(roomy, caplog, body):
+    caplog.set_level(logging.INFO, logger="fairtick.requests")
+    roomy.wait_idle()
+    before = scrape(roomy.url)
+    reply = post(roomy.url, "/v1/completions", {**body, "max_tokens": 3}).json()
+    after = wait_moves(roomy.url, before, {series(FINISHED, finish_reason="length"): 1})
+    e2e = series("fairtick_e2e_request_latency_seconds_count")
+    assert after[e2e] - before[e2e] == 1
+    line = wait_line(caplog, reply["id"])  # under the id the client saw: one line
+    assert int(line["prompt_tokens"]) == reply["usage"]["prompt_tokens"]
+    assert int(line["completion_tokens"]) == reply["usage"]["completion_tokens"] == \
+        3 * len(reply["choices"])
+    roomy.wait_idle()
+
+
+def test_a_dropped_chat_stream_of_n_choices_is_one_abort(roomy, caplog):
+    caplog.set_level(logging.INFO, logger="fairtick.requests")
+    roomy.wait_idle()
+    messages = [{"role": "user", "content": "hi"}]
+    prompt_tokens = post(roomy.url, "/v1/chat/completions",
+                         {"messages": messages, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    before = scrape(roomy.url)
+    stream = OpenStream(roomy.url, "/v1/chat/completions",
+                        {"messages": messages, "n": 3, "max_tokens": LONG, "stream": True})
+    for _ in range(3 + 3):  # the role chunks of the three choices, then tokens
+        stream.read_event()
+    stream.drop()
+    wait_moves(roomy.url, before, {series(ABORTED, cause="client_disconnect"): 1})
+    line = wait_line(caplog, stream.request_id)
+    assert (line["outcome"], line["cause"]) == ("aborted", "client_disconnect")
+    assert int(line["prompt_tokens"]) == prompt_tokens, "the prompt once, not once per choice"
+    roomy.wait_idle()
+
+
+def test_a_batch_refused_at_its_second_prompt_is_only_a_refusal(bundle, caplog):
+    caplog.set_level(logging.INFO, logger="fairtick.requests")
+    with serve(bundle, max_running=1, max_waiting=2) as served:
+        holder = hold(served.url)
+        queued = OpenStream(served.url, "/v1/completions",
+                            {"prompt": "queued", "max_tokens": 3, "stream": True})
+        served.wait_for(lambda s: s["admission"]["queued"] == 1)
+        before = scrape(served.url)
+        reply = post(served.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2})
+        assert reply.status == 429, reply.body
+        after = wait_moves(served.url, before, {refused(reply): 1})
+        served.wait_for(lambda s: s["admission"]["queued"] == 1)  # its first prompt aborted
+        holder.drop()
+        while queued.read_event() != "[DONE]":
+            pass
+        wait_moves(served.url, after, {series(ABORTED, cause="client_disconnect"): 1,
+                                       series(FINISHED, finish_reason="length"): 1})
+        served.wait_idle()
+    ids = {holder.request_id, queued.request_id}
+    logged = [r.getMessage() for r in caplog.records if r.name == "fairtick.requests"]
+    assert len(logged) == 2 and all(m.split()[1] in ids for m in logged), logged
+
+
 # --- refused -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("method", "path", "body", "status"), [
