@@ -127,7 +127,7 @@ class Engine:
             reason = {EngineDead: "engine_unavailable", EngineFull: "queue_full"}.get(
                 type(exc), "invalid_request")
             self.trace.record(TraceEvent(self.scheduler.tick, None, None, None, "refuse",
-                                         reason, time.time(), request.request_id, "refusal"))
+                                         reason, time.time(), request.client_id, "refusal"))
             if request.num_prompts > 1:  # the batch is a refusal: its prompts taken go uncounted
                 self._inbox.put(("refuse", request.client_id))
             raise
@@ -238,9 +238,9 @@ class Engine:
                 self._live[live.seq_id] = live
                 self._by_request[request.request_id] = [live.seq_id]
                 prefix = self.prefixes.lookup(live) if self.prefixes is not None else None
-                with self._lock:
+                with self._lock:  # traced under the id its client saw (a batch's, too)
                     self.scheduler.submit(live.seq_id, len(request.prompt_tokens),
-                                          request.sampling.max_tokens, request.request_id,
+                                          request.sampling.max_tokens, request.client_id,
                                           cached=live.num_cached)
                 self.executor.add(live.seq_id, request.prompt_tokens, request.sampling,
                                   prefix=prefix, forks=request.n > 1, grammar=request.grammar)
@@ -365,9 +365,9 @@ class Engine:
             sampling = choice_sampling(request.sampling, index)
             with self._lock:
                 forked = self.scheduler.fork(child.seq_id, live.seq_id, *size,
-                                             request.request_id)
+                                             request.client_id)
                 if not forked:
-                    self.scheduler.submit(child.seq_id, *size, request.request_id)
+                    self.scheduler.submit(child.seq_id, *size, request.client_id)
             if forked:
                 born.append((child.seq_id, sampling))
             else:

@@ -77,6 +77,16 @@ def test_trace_shows_a_requests_whole_lifecycle(server):
         [e for e in events if e["t_s"] >= times[-1]]
 
 
+def test_trace_finds_every_sequence_of_a_batch_by_the_id_the_client_saw(server):
+    reply = post(server.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2}).json()
+    events = trace_events(server, request_id=reply["id"])
+    assert {e["request_id"] for e in events} == {reply["id"]}
+    assert len([e for e in events if e["kind"] == "arrival"]) == 2, "one arrival per prompt"
+    finished = {e["seq"] for e in events if e["to"] == FINISHED}
+    assert len(finished) == 2 and finished == {e["seq"] for e in events}
+    assert trace_events(server, request_id=f"{reply['id']}-0") == [], "not an id clients see"
+
+
 def test_trace_filters_and_refuses_unknown_parameters(server):
     post(server.url, "/v1/completions", {"prompt": "abc", "max_tokens": 2})
     every = trace_events(server)

@@ -1,7 +1,8 @@
 """The trace per request, on the real engine: arrival, waits compressed into runs with the rule
 that decided them (checked against the engine's own tick records), preemptions, refusals, the
 documented event schema, the story `fairtick trace --request` prints, and the Perfetto export
-against the Trace Event Format."""
+against the Trace Event Format. Every sequence of a request (its choices, a batch's prompts) is
+traced under the id its client saw."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from runtime.api import EngineFull
+from runtime.api import EngineFull, GenerationRequest
+from runtime.sampling import SamplingParams
 from server.trace_perfetto import to_perfetto
 from statemachine.trace_story import format_request
 from tests.runtime.engine_harness import Collector, submit, wait_until
 from tests.runtime.test_engine import make_engine, prompt
+from tests.runtime.test_outcomes import batch
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "trace-event.schema.json").read_text())
 
@@ -150,3 +153,45 @@ def test_a_refusal_is_in_the_trace(bundle):
     jsonschema.validate(refusal, SCHEMA)
     waits = [e for e in engine.trace.events(request_id="b") if e["kind"] == "wait"]
     assert waits and waits[0]["rule"] == "running_limit"
+
+
+def test_every_sequence_of_a_batch_is_traced_under_the_id_the_client_saw(bundle):
+    engine, got = make_engine(bundle, "mixed_step"), Collector()
+    parts = batch("cmpl-b", [prompt(7, 2), prompt(11, 3)], n=2, max_tokens=3)
+    try:
+        for part in parts:
+            engine.submit(part, got.sink)
+        wait_until(lambda: all(sum(e.finish_reason is not None for _, e in got.events[p.request_id])
+                               == 2 for p in parts))
+        wait_until(lambda: not engine.snapshot()["sequences"])
+    finally:
+        engine.stop()
+    events = engine.trace.events(request_id="cmpl-b")
+    assert len({e["seq"] for e in events}) == 4, "two choices of each of two prompts"
+    assert len([e for e in events if e["kind"] == "arrival"]) == 2, "the prompts' own arrivals"
+    assert engine.trace.events(request_id="cmpl-b-0") == [], "an id no client sees"
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    story = format_request(events, "cmpl-b").splitlines()
+    assert len([line for line in story if line.startswith("request cmpl-b (seq ")]) == 4
+
+
+def test_a_batch_refused_at_a_later_prompt_is_traced_under_the_id_the_client_saw(bundle):
+    engine, got = make_engine(bundle, "mixed_step", max_running=1, max_waiting=1), Collector()
+    first, second = batch("cmpl-r", [prompt(5, 7), prompt(5, 8)], max_tokens=2)
+    try:
+        engine.submit(GenerationRequest("holder", tuple(prompt(5, 5)),
+                                        SamplingParams(max_tokens=10_000)), got.sink)
+        wait_until(lambda: got.tokens("holder"))
+        engine.submit(first, got.sink)
+        with pytest.raises(EngineFull):
+            engine.submit(second, got.sink)
+        engine.abort(first.request_id, "error")
+        engine.abort("holder")
+        got.wait(first.request_id, "holder")
+    finally:
+        engine.stop()
+    [refusal] = [e for e in engine.trace.events() if e["kind"] == "refusal"]
+    assert (refusal["request_id"], refusal["rule"]) == ("cmpl-r", "queue_full")
+    kinds = [e["kind"] for e in engine.trace.events(request_id="cmpl-r")]
+    assert kinds.count("arrival") == kinds.count("refusal") == 1, "one prompt in, one refused"

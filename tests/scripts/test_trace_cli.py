@@ -21,6 +21,16 @@ def test_the_story_of_one_request(mixed_server, capsys):
     assert "no events in the trace" in capsys.readouterr().out
 
 
+def test_the_story_of_a_batch_by_the_id_the_client_saw(mixed_server, capsys):
+    reply = post(mixed_server.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2})
+    rid = reply.json()["id"]
+    assert fairtick(["trace", "--url", mixed_server.url, "--request", rid]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heads = [line for line in lines if line.startswith(f"request {rid} (seq ")]
+    assert len(heads) == 2, lines  # one story per prompt's sequence
+    assert len([line for line in lines if "finished" in line]) == 2, lines
+
+
 def test_perfetto_file_from_a_server_and_from_json_lines(mixed_server, tmp_path, capsys):
     rid = post(mixed_server.url, "/v1/completions",
                {"prompt": "perfetto", "max_tokens": 2}).json()["id"]
