@@ -17,6 +17,8 @@ class EngineConfig:
     prefill_chunk_size: int = 512
     policy: str = "default"
     policy_params: Mapping[str, float] = field(default_factory=dict)
+    # Requests not yet admitted. Every request waits here before its first admission, however
+    # idle the server, so at least 1 (0 would refuse every request).
     max_waiting: int = 256
     max_kv_tokens: int | None = None  # None: sized from the memory available at start-up
     lifecycle: str | None = None  # None: specs/lifecycle.yaml
@@ -26,7 +28,7 @@ class EngineConfig:
     prefix_cache_tokens: int | None = None  # its most tokens; None: all the KV budget leaves
 
     def __post_init__(self) -> None:
-        for name, low in (("max_running", 1), ("prefill_chunk_size", 1), ("max_waiting", 0),
+        for name, low in (("max_running", 1), ("prefill_chunk_size", 1), ("max_waiting", 1),
                           ("trace_capacity", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:

@@ -192,8 +192,9 @@ def _serve_parser(prog: str = "fairtick serve") -> argparse.ArgumentParser:
                    metavar="NAME|PATH", help=f"tick policy: a shipped name or a YAML file (env "
                    f"{POLICY_ENV}; default {d['policy']!r})")
     p.add_argument("--max-waiting", type=int, default=d["max_waiting"], metavar="N",
-                   help=f"requests not yet admitted beyond which new ones get 429 "
-                   f"(default {d['max_waiting']})")
+                   help=f"requests not yet admitted beyond which new ones get 429; at least 1, "
+                   f"as every request waits here before it is admitted (default "
+                   f"{d['max_waiting']})")
     p.add_argument("--max-kv-tokens", type=int, default=d["max_kv_tokens"], metavar="N",
                    help="the KV token budget: past it arrivals queue and the policy's kv_full "
                    "preempts (default: half the memory available at start-up, divided by the "

@@ -172,7 +172,7 @@ def check_fits_queue(num_requests: int, max_waiting: int, prompt_param: str) -> 
     in it (its `n` choices take none), so even an idle server could never queue it whole, and a
     429 would ask the client to retry what can never succeed. One that fits an empty queue but
     not the current one gets the engine's 429."""
-    if 0 < max_waiting < num_requests:
+    if max_waiting < num_requests:
         raise invalid(f"This request sends {num_requests} prompts and each takes a place in the "
                       f"queue of requests waiting to run, which holds {max_waiting} "
                       f"(--max-waiting {max_waiting}): it could never be queued. Send at most "

@@ -209,6 +209,14 @@ def test_a_bad_server_setting_refuses_to_start(flags, capsys, monkeypatch):
     assert flags[0].lstrip("-").replace("-", "_") in capsys.readouterr().err
 
 
+def test_a_waiting_queue_of_0_refuses_to_start(capsys):
+    # Every request waits in the queue before its first admission, however idle the server:
+    # with no place in it, every request would get 429 for ever.
+    assert main(["serve", "--max-waiting", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "max_waiting must be an integer >= 1, got 0" in err and len(err.splitlines()) == 1
+
+
 def test_parameter_precedence_flag_then_env_then_default():
     spec = load_policy("grant_counter")
     p = spec.parameters[0]
