@@ -38,7 +38,9 @@ ChoiceMode = Literal["none", "auto", "required", "function"]
 
 @dataclass(frozen=True)
 class Function:
-    """One tool the request offers: `tools[i].function`."""
+    """One tool the request offers: `tools[i].function`; `parameters` is a JSON Schema whose
+    "type" is "object" (server/tool_request.py makes it one), so a call's arguments are an
+    object in the grammar, in the parser and in a client's calls sent back."""
 
     name: str
     description: str | None = None
@@ -138,6 +140,8 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolC
 
 
 def _read_call(body: str, names: set[str]) -> ToolCall | None:
+    # Arguments that are not an object are no call (OpenAI's contract, and what a client may
+    # send back): under "auto" such a block stays the model's text; forced choices cannot write it.
     try:
         value = json.loads(body)
     except ValueError:

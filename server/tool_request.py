@@ -45,15 +45,15 @@ def read_tool_request(body: ChatBody | TokenizeBody) -> ToolRequest | None:
     """The tools a validated body offers (None: none, or `tool_choice` "none"; /tokenize has no
     `tool_choice`: its tools are offered as "auto" offers them), or a 400 naming the part that
     is wrong. The body model checked the shapes; this checks what they mean
-    together: names given once, a named `tool_choice` among the `tools`."""
+    together: names given once, a named `tool_choice` among the `tools`, and `parameters` a
+    schema of an object (none, or `{}`, takes `{}`; a schema without "type" gets "object")."""
     functions: list[Function] = []
     for i, tool in enumerate(body.tools or ()):
         function = tool.function
         if function.name in {f.name for f in functions}:
             raise invalid(f"`tools[{i}].function.name` {function.name!r} is given twice",
                           f"tools[{i}].function.name")
-        parameters = function.parameters if function.parameters is not None else \
-            copy.deepcopy(NO_PARAMETERS)
+        parameters = _object_schema(function.parameters, f"tools[{i}].function.parameters")
         functions.append(Function(function.name, function.description, parameters))
     value = getattr(body, "tool_choice", None)
     choice = _read_choice(value, {f.name for f in functions})
@@ -61,6 +61,20 @@ def read_tool_request(body: ChatBody | TokenizeBody) -> ToolRequest | None:
         return None
     return ToolRequest(tuple(functions), choice, getattr(body, "parallel_tool_calls", None)
                        is not False)
+
+
+def _object_schema(parameters: dict[str, Any] | None, param: str) -> dict[str, Any]:
+    # OpenAI: arguments are always a JSON object, and leaving `parameters` out declares none.
+    # The grammar, the reply parser and a client's calls sent back all take an object only.
+    if not parameters:
+        return copy.deepcopy(NO_PARAMETERS)
+    if "type" not in parameters:
+        return {"type": "object", **parameters}
+    if parameters["type"] != "object":
+        raise invalid(f"`{param}` has \"type\" {show(parameters['type'])}: a function's "
+                      "arguments are a JSON object, so its schema's \"type\" must be \"object\" "
+                      "(or left out)", param)
+    return parameters
 
 
 def _read_choice(value: Any, names: set[str]) -> ToolChoice:

@@ -137,11 +137,52 @@ def test_each_choice_of_n_streams_its_own_calls(client, model_name):
             [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
 
+# `parameters: {}` declares no parameters, as leaving it out does; a schema without "type" is
+# one of an object. Either way a forced call's arguments are a JSON object.
+EMPTY = {"type": "function", "function": {"name": "reset", "parameters": {}}}
+TYPELESS = {"type": "function", "function": {"name": "set_zone", "parameters": {
+    "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["zone"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", [
+    "required", {"type": "function", "function": {"name": "reset"}}])
+def test_a_function_with_empty_parameters_is_called_with_an_empty_object(client, model_name,
+                                                                          choice):
+    args = dict(model=model_name, messages=MESSAGES, tools=[EMPTY], tool_choice=choice,
+                parallel_tool_calls=False, max_tokens=200)
+    out = client.chat.completions.create(**args)
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("reset", "{}")]
+    content, calls, finish = streamed(client, **args)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("reset", "{}")]
+
+
+def test_every_choice_calls_functions_with_object_arguments(client, model_name):
+    out = client.chat.completions.create(model=model_name, messages=MESSAGES,
+                                         tools=[EMPTY, TYPELESS, TIME], tool_choice="required",
+                                         max_tokens=1000, temperature=1.0, seed=3, n=2)
+    schemas = {"reset": {"const": {}}, "set_zone": TYPELESS["function"]["parameters"],
+               "get_time": PARAMETERS["get_time"]}
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        for call in choice.message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            assert isinstance(arguments, dict)
+            jsonschema.validate(arguments, schemas[call.function.name])
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name"),
     ({"tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "array", "uniqueItems": True}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]},
      "tools[0].function.parameters"),
 ])
 def test_bad_tools_are_400s_naming_the_field(client, model_name, fields, param):

@@ -56,6 +56,26 @@ def test_tools_and_every_tool_choice():
     assert tools_of() is None and tools_of(tools=[]) is None
 
 
+def test_arguments_are_always_an_object():
+    # OpenAI: arguments are a JSON object and `parameters` a schema of one; leaving it out
+    # (or sending {}) declares no parameters.
+    empty = tools_of(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert empty is not None and empty.functions == (Function("f", None, NO_PARAMETERS),)
+    typeless = {"properties": {"city": {"type": "string"}}, "required": ["city"]}
+    got = tools_of(tools=[{"type": "function", "function": {"name": "f",
+                                                            "parameters": typeless}}])
+    assert got is not None and got.functions[0].parameters == {"type": "object", **typeless}
+    assert "type" not in typeless, "the body is left as sent"
+    assert tools_of(tools=[TOOL]).functions[0].parameters == PARAMS  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ["array", "string", "null", ["object", "null"], 5])
+def test_parameters_of_another_type_are_a_400(kind):
+    tools = [PING, {"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}]
+    expect(chat, tools=tools, param="tools[1].function.parameters",
+           match='arguments are a JSON object, so its schema\'s "type" must be "object"')
+
+
 @pytest.mark.parametrize(("fields", "param", "says"), [
     ({"tools": {"a": 1}}, "tools", "must be a list"),
     ({"tools": [{"type": "code"}]}, "tools[0].type", "must be \"function\""),
