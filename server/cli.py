@@ -72,6 +72,14 @@ def serve_main(argv: Sequence[str]) -> int:
     if isinstance(parsed, int):
         return parsed
     config, _, blas = parsed
+    from server.listener import bind_listener
+
+    # Bound before the model loads: an address it cannot listen on ends start-up at once.
+    try:
+        sock = bind_listener(config.host, config.port, config.listen_backlog)
+    except ValueError as exc:
+        print(f"fairtick serve: {exc}", file=sys.stderr)
+        return 2
     from server.app import create_app
     from server.logs import configure_logging
 
@@ -88,8 +96,7 @@ def serve_main(argv: Sequence[str]) -> int:
     log.info("attention streams: %s", f"2 (a tick's segments spread over two CPU streams; "
              f"${STREAMS_ENV}=1 for one)" if ATTENTION_STREAMS > 1 else "1")
     app = create_app(config)
-    app.run(host=config.host, port=config.port, backlog=config.listen_backlog,
-            single_process=True, motd=False, access_log=config.access_log)
+    app.run(sock=sock, single_process=True, motd=False, access_log=config.access_log)
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 from sanic import Sanic
 
 from runtime.blas import BLAS_ENV, load_blas
+from server import listener
 from server.cli import API_KEY_ENV, main
 from server.config import ServerConfig
 from server.logs import LOG_LEVEL_ENV
@@ -109,13 +110,21 @@ def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, ca
 @pytest.fixture
 def served_as(monkeypatch) -> Iterator:
     """main(["serve", *flags]) builds the real app (server.app.create_app) from its flags; only
-    Sanic's blocking `run` is kept from serving. Returns the app and run's keywords. (That the
-    backlog reaches the kernel and the grace period the engine: tests/e2e.)"""
+    the listening socket and Sanic's blocking `run` are kept from serving. Returns the app,
+    run's keywords and what the socket was asked to listen on (host, port, backlog). (That the
+    backlog reaches the kernel and the grace period the engine: tests/e2e; a real bind:
+    test_bind_* below.)"""
     seen: dict = {}
+    sock = object()
+
+    def bind(host: str, port: int, backlog: int) -> object:
+        seen.update(listen=(host, port, backlog), sock=sock)
+        return sock
 
     def run(app, **kwargs) -> None:
         seen.update(app=app, run=kwargs)
 
+    monkeypatch.setattr(listener, "bind_listener", bind)
     monkeypatch.setattr(Sanic, "run", run)
 
     def serve_with(*flags: str) -> dict:
@@ -134,8 +143,9 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
     seen = served_as("--listen-backlog", "2048", "--stop-grace-s", "0.5", "--port", "8123",
                      "--max-body-bytes", "5000", "--parallel", "3", "--policy", "deadline")
     config, run = seen["app"].ctx.config, seen["run"]
-    assert run["backlog"] == 2048 == config.listen_backlog
-    assert (run["host"], run["port"]) == ("127.0.0.1", 8123) == (config.host, config.port)
+    assert seen["listen"] == ("127.0.0.1", 8123, 2048)
+    assert (config.host, config.port, config.listen_backlog) == seen["listen"]
+    assert run["sock"] is seen["sock"] and "host" not in run and "port" not in run
     assert config.stop_grace_s == 0.5
     assert seen["app"].config.REQUEST_MAX_SIZE == 5000
     assert (config.engine.max_running, config.engine.policy) == (3, "deadline")
@@ -145,7 +155,7 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
 def test_serve_defaults_come_from_the_server_config(served_as):
     seen = served_as()
     config = seen["app"].ctx.config
-    assert seen["run"]["backlog"] == ServerConfig().listen_backlog == config.listen_backlog
+    assert seen["listen"][2] == ServerConfig().listen_backlog == config.listen_backlog
     assert config.stop_grace_s == ServerConfig().stop_grace_s
 
 
