@@ -8,7 +8,8 @@ tokens exactly as the chat endpoint turns them into its prompt (with the `tools`
 chat with `tool_choice` "auto" offers them), so `count` is the `usage.prompt_tokens` a chat
 request with those messages and tools reports. The bodies are models of
 server/body_models.py; unknown fields are ignored and named in `fairtick-ignored-fields`, as
-on the generation endpoints. `GET /version` is fairtick's package version.
+on the generation endpoints. `GET /version` is fairtick's package version. Each GET route answers
+HEAD too (server.ops_routes.GET_METHODS).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from server.body_models import DetokenizeBody, TokenizeBody
 from server.body_reading import Body, ignored_fields, ignored_header, log_ignored, read_body
 from server.errors import invalid
 from server.messages import prompt_messages
+from server.ops_routes import GET_METHODS
 from server.prompts import TokenizerEncoder
 from server.tool_request import chat_inputs, read_tool_request
 from server.unimplemented import declared, refuse_unimplemented
@@ -33,12 +35,12 @@ from server.validation import ModelLimits, check_model_name, parse_body
 def make_model_blueprint() -> Blueprint:
     """Model cards, tokenizer and version routes; a new blueprint per app."""
     bp = Blueprint("models")
-    bp.add_route(models, "/v1/models", methods=["GET"])
+    bp.add_route(models, "/v1/models", methods=GET_METHODS)
     # `path`: a hub-style id has a slash, sent as is by curl and as %2F by the openai SDK.
-    bp.add_route(model, "/v1/models/<model_id:path>", methods=["GET"])
+    bp.add_route(model, "/v1/models/<model_id:path>", methods=GET_METHODS)
     bp.add_route(tokenize, "/tokenize", methods=["POST"])
     bp.add_route(detokenize, "/detokenize", methods=["POST"])
-    bp.add_route(version, "/version", methods=["GET"])
+    bp.add_route(version, "/version", methods=GET_METHODS)
     return bp
 
 

@@ -1,4 +1,5 @@
-"""Operator routes: /health, /metrics (Prometheus text), /debug/trace (JSON lines), /debug/state."""
+"""Operator routes: /health, /metrics (Prometheus text), /debug/trace (JSON lines), /debug/state;
+HEAD too on each, as on every GET route."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from sanic.response import HTTPResponse, JSONResponse, json, raw
 from server.errors import invalid
 
 MAX_QUERY_INT = 2**62
+# The methods of every read-only route: a server that answers GET must answer HEAD (RFC 9110
+# 9.3.2); Sanic sends the GET's status and headers without the body.
+GET_METHODS = ("GET", "HEAD")
 
 
 def make_ops_blueprint() -> Blueprint:
     """Health, metrics and debug routes; a new blueprint per app."""
     bp = Blueprint("ops")
-    bp.add_route(health, "/health", methods=["GET"])
-    bp.add_route(metrics, "/metrics", methods=["GET"])
-    bp.add_route(debug_trace, "/debug/trace", methods=["GET"])
-    bp.add_route(debug_state, "/debug/state", methods=["GET"])
+    bp.add_route(health, "/health", methods=GET_METHODS)
+    bp.add_route(metrics, "/metrics", methods=GET_METHODS)
+    bp.add_route(debug_trace, "/debug/trace", methods=GET_METHODS)
+    bp.add_route(debug_state, "/debug/state", methods=GET_METHODS)
     return bp
 
 
