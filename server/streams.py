@@ -176,8 +176,8 @@ def check_fits_queue(num_requests: int, max_waiting: int, prompt_param: str) -> 
         raise invalid(f"This request sends {num_requests} prompts and each takes a place in the "
                       f"queue of requests waiting to run, which holds {max_waiting} "
                       f"(--max-waiting {max_waiting}): it could never be queued. Send at most "
-                      f"{max_waiting} prompts per request (n does not count: a prompt's choices "
-                      "share its place)", prompt_param)
+                      f"{max_waiting} prompt{'s' if max_waiting > 1 else ''} per request (n does "
+                      "not count: a prompt's choices share its place)", prompt_param)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
