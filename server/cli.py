@@ -76,7 +76,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
     # Bound before the model loads: an address it cannot listen on ends start-up at once.
     try:
-        sock = bind_listener(config.host, config.port, config.listen_backlog)
+        sock = bind_listener(config.host, config.port)
     except ValueError as exc:
         print(f"fairtick serve: {exc}", file=sys.stderr)
         return 2
@@ -96,7 +96,8 @@ def serve_main(argv: Sequence[str]) -> int:
     log.info("attention streams: %s", f"2 (a tick's segments spread over two CPU streams; "
              f"${STREAMS_ENV}=1 for one)" if ATTENTION_STREAMS > 1 else "1")
     app = create_app(config)
-    app.run(sock=sock, single_process=True, motd=False, access_log=config.access_log)
+    app.run(sock=sock, backlog=config.listen_backlog, single_process=True, motd=False,
+            access_log=config.access_log)
     return 0
 
 

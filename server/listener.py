@@ -1,8 +1,10 @@
-"""The listening socket of `fairtick serve`, bound before the model loads.
+"""The socket of `fairtick serve`, bound before the model loads.
 
 Bound here and handed to Sanic, so that an address the server cannot listen on (a port in use,
 a host that does not resolve or is not this machine's) ends start-up at once with one line that
-names the flag at fault, instead of Sanic's traceback after seconds of start-up.
+names the flag at fault, instead of Sanic's traceback after seconds of start-up. It listens
+only once Sanic serves (asyncio's server calls `listen` with `--listen-backlog`): a client that
+connects while the model loads is refused, as before, not held in the kernel's queue.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ _HOST_ERRORS = {
 }
 
 
-def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
-    """A TCP socket listening on host:port, as Sanic's own `bind_socket` would make it (IPv6
-    for an IPv6 address, IPv4 for a name); ValueError names the flag at fault, the address and
-    the OS's reason."""
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port, not yet listening, as Sanic's own `bind_socket` would
+    make it (IPv6 for an IPv6 address, IPv4 for a name); ValueError names the flag at fault, the
+    address and the OS's reason. (A port another socket listens on fails here: SO_REUSEADDR
+    lets a bind share a port only with sockets that do not listen.)"""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:  # a host name, resolved by bind
@@ -35,7 +38,6 @@ def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         raise ValueError(bind_failure(host, port, exc)) from None

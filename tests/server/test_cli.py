@@ -111,14 +111,14 @@ def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, ca
 def served_as(monkeypatch) -> Iterator:
     """main(["serve", *flags]) builds the real app (server.app.create_app) from its flags; only
     the listening socket and Sanic's blocking `run` are kept from serving. Returns the app,
-    run's keywords and what the socket was asked to listen on (host, port, backlog). (That the
-    backlog reaches the kernel and the grace period the engine: tests/e2e; a real bind:
-    test_bind_* below.)"""
+    run's keywords and the address the socket was bound to (host, port). (That the backlog
+    reaches the kernel and the grace period the engine: tests/e2e; a real bind:
+    tests/server/test_listener.py, tests/e2e/test_bind_errors.py.)"""
     seen: dict = {}
     sock = object()
 
-    def bind(host: str, port: int, backlog: int) -> object:
-        seen.update(listen=(host, port, backlog), sock=sock)
+    def bind(host: str, port: int) -> object:
+        seen.update(bound=(host, port), sock=sock)
         return sock
 
     def run(app, **kwargs) -> None:
@@ -143,9 +143,9 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
     seen = served_as("--listen-backlog", "2048", "--stop-grace-s", "0.5", "--port", "8123",
                      "--max-body-bytes", "5000", "--parallel", "3", "--policy", "deadline")
     config, run = seen["app"].ctx.config, seen["run"]
-    assert seen["listen"] == ("127.0.0.1", 8123, 2048)
-    assert (config.host, config.port, config.listen_backlog) == seen["listen"]
+    assert seen["bound"] == ("127.0.0.1", 8123) == (config.host, config.port)
     assert run["sock"] is seen["sock"] and "host" not in run and "port" not in run
+    assert run["backlog"] == 2048 == config.listen_backlog
     assert config.stop_grace_s == 0.5
     assert seen["app"].config.REQUEST_MAX_SIZE == 5000
     assert (config.engine.max_running, config.engine.policy) == (3, "deadline")
@@ -155,7 +155,7 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
 def test_serve_defaults_come_from_the_server_config(served_as):
     seen = served_as()
     config = seen["app"].ctx.config
-    assert seen["listen"][2] == ServerConfig().listen_backlog == config.listen_backlog
+    assert seen["run"]["backlog"] == ServerConfig().listen_backlog == config.listen_backlog
     assert config.stop_grace_s == ServerConfig().stop_grace_s
 
 

@@ -1,4 +1,4 @@
-"""The listening socket `fairtick serve` binds before its model loads (server.listener)."""
+"""The socket `fairtick serve` binds before its model loads (server.listener)."""
 
 from __future__ import annotations
 
@@ -22,18 +22,22 @@ def taken_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
-def test_it_listens_on_the_address_asked(taken_port):
-    with bind_listener("127.0.0.1", 0, backlog=16) as sock:
+def test_it_binds_the_address_asked_and_listens_only_when_told(taken_port):
+    with bind_listener("127.0.0.1", 0) as sock:
         host, port = sock.getsockname()
         assert host == "127.0.0.1" and port not in (0, taken_port)
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        # Not listening while the model loads: a client is refused, not queued.
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, port), timeout=5)
+        sock.listen(16)  # what asyncio's server does when Sanic serves
         with socket.create_connection((host, port), timeout=5):
             pass
 
 
 def test_a_port_in_use_names_the_port_the_address_and_the_reason(taken_port):
     with pytest.raises(ValueError) as info:
-        bind_listener("127.0.0.1", taken_port, backlog=16)
+        bind_listener("127.0.0.1", taken_port)
     message = str(info.value)
     assert message.startswith(f"--port {taken_port}: cannot listen on 127.0.0.1:{taken_port}: "
                               "Address already in use"), message
@@ -43,7 +47,7 @@ def test_a_port_in_use_names_the_port_the_address_and_the_reason(taken_port):
 @pytest.mark.parametrize("host", ["999.1.1.1", "example.invalid", NOT_HERE])
 def test_a_host_it_cannot_listen_on_names_the_host_and_the_reason(host):
     with pytest.raises(ValueError) as info:
-        bind_listener(host, 8000, backlog=16)
+        bind_listener(host, 8000)
     message, prefix = str(info.value), f"--host {host}: cannot listen on {host}:8000: "
     assert message.startswith(prefix), message
     reason = message.removeprefix(prefix)
