@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     try:
         overrides = dict(_split(item) for item in args.set)
         lifecycle = load_lifecycle(args.lifecycle)
-        plan = [(make_policy(spec, overrides), layout) for spec in args.specs
-                for layout in layouts(args)]
+        policies = [make_policy(spec, overrides) for spec in args.specs]
+        plan = [(policy, layout) for policy in policies for layout in layouts(args)]
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     if args.stateful:
         from statemachine.stateful import run_stateful
 
-        for policy in dict.fromkeys(p for p, _ in plan):
+        for policy in policies:  # each once, whatever the layouts
             result = run_stateful(policy, lifecycle, examples=args.examples)
             silent = [r.name for r in policy.spec.rules if not result.fired[r.name]]
             verdict = f"VIOLATED\n{result.failure}" if result.failure else \

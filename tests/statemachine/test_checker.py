@@ -242,6 +242,13 @@ def test_cli_exit_codes_and_output(tmp_path):
     text = out.getvalue()
     assert "counterexample for no_starvation" in text and '"trigger":"admit"' in text
     assert "can repeat forever" in text
+    # --stateful: the Hypothesis run once per policy, after the exhaustive check of each layout.
+    out = io.StringIO()
+    assert check_main(["mixed_step", "--max-seqs", "3", "--max-chunks", "2", "--max-running",
+                       "2", "--stateful", "--examples", "5"], out) == 0
+    text = out.getvalue()
+    assert "streams layout" in text and "memory layout" in text
+    assert text.count("== mixed_step: stateful: all claims hold (5 examples)") == 1, text
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")
     assert check_main([str(bad)]) == 2
