@@ -11,11 +11,12 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "check":
         from statemachine.checker_cli import main as check_main
 
-        return int(check_main(rest))
+        return _printing(lambda: int(check_main(rest)))
     if command == "serve":
         return serve_main(rest)
     if command == "cluster":
         return _cluster_main(rest)
     if command == "trace":
-        return trace_main(rest)
+        return _printing(lambda: trace_main(rest))
     parser = _top_parser()
     if command in ("-h", "--help"):
         parser.print_help()
@@ -52,6 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(got {command!r})",
           file=sys.stderr)
     return 2
+
+
+def _printing(command: Callable[[], int]) -> int:
+    """Run a command that prints to stdout; if its reader goes away (`fairtick trace | head`),
+    stop quietly with SIGPIPE's exit status, as Unix tools do, instead of a traceback."""
+    try:
+        code = command()
+        sys.stdout.flush()  # here, not at exit, where a broken pipe could not be caught
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _top_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 from server.cli import main as fairtick
 from tests.server.http_helpers import post
@@ -48,3 +52,24 @@ def test_perfetto_file_from_a_server_and_from_json_lines(mixed_server, tmp_path,
     tracks = {e["args"]["name"] for e in json.loads(converted.read_text())["traceEvents"]
               if e["ph"] == "M" and e["name"] == "thread_name"}
     assert any(name.endswith(rid) for name in tracks)
+
+
+def test_a_reader_that_goes_away_ends_it_quietly(mixed_server, tmp_path, capsys):
+    # `fairtick trace --file F | head -1`: more output than a pipe holds, its reader gone after
+    # one line. The command stops with SIGPIPE's status and no traceback.
+    post(mixed_server.url, "/v1/completions", {"prompt": "pipe", "max_tokens": 2})
+    assert fairtick(["trace", "--url", mixed_server.url, "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    span = max(e["tick"] for e in events) + 1
+    # The same events again and again, later each time (one trace: its ticks never go back).
+    copies = [{**e, "tick": e["tick"] + k * span} for k in range(400) for e in events]
+    lines = tmp_path / "trace.jsonl"
+    lines.write_text("".join(json.dumps(e) + "\n" for e in copies))  # > 64 KiB of table
+    command = [str(Path(sys.executable).parent / "fairtick"), "trace", "--file", str(lines)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
