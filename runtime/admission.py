@@ -24,8 +24,9 @@ class Admission:
         """Take a place in the queue, or raise EngineFull."""
         with self._lock:
             if self.num_queued >= self.max_waiting:
-                raise EngineFull(f"{self.num_queued} requests are already waiting "
-                                 f"(--max-waiting {self.max_waiting})")
+                waiting = "1 request is" if self.num_queued == 1 else \
+                    f"{self.num_queued} requests are"
+                raise EngineFull(f"{waiting} already waiting (--max-waiting {self.max_waiting})")
             self.num_queued += 1
 
     def admitted(self) -> None:

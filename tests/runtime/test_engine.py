@@ -358,7 +358,7 @@ def test_what_can_never_fit_is_refused_and_the_queue_is_bounded(bundle):
         submit(engine, got, "a", prompt(10, 1), max_tokens=280)  # runs alone for 280 ticks
         wait_until(lambda: got.tokens("a"))
         submit(engine, got, "b", prompt(10, 3), max_tokens=20)  # waits for the running place
-        with pytest.raises(EngineFull, match="already waiting"):
+        with pytest.raises(EngineFull, match=r"^1 request is already waiting \(--max-waiting 1\)$"):
             submit(engine, got, "c", prompt(10, 4), max_tokens=20)
         assert not got.finished("a"), "the refusal came while the place was held"
         engine.abort("a")
