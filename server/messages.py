@@ -87,13 +87,14 @@ UserPart = Annotated[TextPart | ImagePart | AudioPart | FilePart, Field(discrimi
 AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
 TEXT_CONTENT = "a string or a list of text parts"
 TextContent = Annotated[
-    Annotated[str, Tag("string")] | Annotated[list[TextPart], Tag("array")],
+    Annotated[str, Tag("string")] | Annotated[list[TextPart], Field(min_length=1), Tag("array")],
     by_json_kind(TEXT_CONTENT)]
 UserContent = Annotated[
-    Annotated[str, Tag("string")] | Annotated[list[UserPart], Tag("array")],
+    Annotated[str, Tag("string")] | Annotated[list[UserPart], Field(min_length=1), Tag("array")],
     by_json_kind("a string or a list of content parts")]
 AssistantContent = Annotated[
-    Annotated[str, Tag("string")] | Annotated[list[AssistantPart], Tag("array")],
+    Annotated[str, Tag("string")] | Annotated[list[AssistantPart], Field(min_length=1),
+              Tag("array")],
     by_json_kind("a string or a list of text or refusal parts")]
 
 

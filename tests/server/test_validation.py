@@ -441,6 +441,11 @@ def test_message_shapes():
            param="messages[0].content[0].text", match="must be a string, got 5")
     expect(chat, messages=[{"role": "system", "content": [{"type": "image_url"}]}],
            param="messages[0].content[0].type", match='must be "text"')
+    # An empty list of parts is no content (OpenAI refuses it too): every role that takes parts.
+    for role in ("system", "developer", "user", "assistant", "tool"):
+        message = {"role": role, "content": [], **({"tool_call_id": "c"} if role == "tool" else {})}
+        expect(chat, messages=[message, {"role": "user", "content": "x"}],
+               param="messages[0].content", match="must be a non-empty list, got 0 items")
 
 
 def test_content_parts_other_than_text_are_refused_naming_the_part():
