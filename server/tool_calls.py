@@ -18,6 +18,7 @@ with `parallel_tool_calls`) whose arguments validate against the function's para
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -139,11 +140,28 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolC
     return (content or None) if calls else content, calls
 
 
+def loads_json(text: str) -> Any:
+    """`text` as JSON (RFC 8259): NaN, Infinity and numbers past the float range, which
+    Python's json accepts and no client's parser need, are a ValueError."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal} is past the float range")
+    return value
+
+
 def _read_call(body: str, names: set[str]) -> ToolCall | None:
     # Arguments that are not an object are no call (OpenAI's contract, and what a client may
     # send back): under "auto" such a block stays the model's text; forced choices cannot write it.
     try:
-        value = json.loads(body)
+        value = loads_json(body)
     except ValueError:
         return None
     if not (isinstance(value, dict) and value.get("name") in names

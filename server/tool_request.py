@@ -22,6 +22,7 @@ from server.tool_calls import (
     OPEN,
     Function,
     ToolChoice,
+    loads_json,
     render_call,
     tool_format,
     tools_system_prompt,
@@ -118,7 +119,7 @@ def _check_arguments(messages: list[dict[str, Any]]) -> None:
         for j, call in enumerate(message.get("tool_calls", ())):
             arguments = call["function"]["arguments"]
             try:
-                is_object = isinstance(json.loads(arguments), dict)
+                is_object = isinstance(loads_json(arguments), dict)
             except ValueError:
                 is_object = False
             if not is_object:

@@ -68,6 +68,9 @@ def test_calls_are_read_with_ids_and_json_arguments():
     f'{OPEN}\n{{"name": "ping", "arguments": -0e4358598490}}\n{CLOSE}',
     f'{OPEN}\n{{"name": "ping"}}\n{CLOSE}',
     f'{OPEN}\n["ping"]\n{CLOSE}',
+    # Not JSON to a client's parser, though Python's json reads them.
+    f'{OPEN}\n{{"name": "ping", "arguments": {{"a": NaN}}}}\n{CLOSE}',
+    f'{OPEN}\n{{"name": "ping", "arguments": {{"a": 1e400}}}}\n{CLOSE}',
 ])
 def test_a_block_that_is_not_a_call_stays_content(block):
     # Arguments are a JSON object (OpenAI's contract, and what a client may send back): under

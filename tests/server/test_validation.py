@@ -492,7 +492,8 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     called = validate_request("chat", {"messages": [{"role": "assistant", "tool_calls": [call]}]},
                               roomy, encoder()).prompt_tokens
     assert '"name": "f", "arguments": {}' in encoder().decode(list(called)), "rendered"
-    for arguments in ("[1]", "{", ""):
+    # NaN, Infinity and 1e400 parse in Python's json, not in a client's: no JSON object.
+    for arguments in ("[1]", "{", "", '{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}'):
         bad = {**call, "function": {"name": "f", "arguments": arguments}}
         expect(chat, messages=[{**ok, "tool_calls": [bad]}],
                param="messages[0].tool_calls[0].function.arguments",
