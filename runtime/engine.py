@@ -168,7 +168,9 @@ class Engine:
         """The policy, its parameters, the KV budget and every live sequence with its state."""
         with self._lock:
             world = self.scheduler.world()
-            seqs = [{"seq": s.seq_id, "request_id": self._live[s.seq_id].request_id
+            # Each sequence under the id its client saw (a batch's prompts share it: `seq`
+            # tells them apart), as the trace and the request log name it.
+            seqs = [{"seq": s.seq_id, "request_id": self._live[s.seq_id].request.client_id
                      if s.seq_id in self._live else None,
                      "choice": self._live[s.seq_id].index if s.seq_id in self._live else None,
                      "state": self.lifecycle.state_of[s.role], "role": s.role.word,

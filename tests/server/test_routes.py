@@ -289,6 +289,18 @@ def test_a_queued_stream_leaves_the_queue_when_dropped(served):
     holder.drop()
 
 
+def test_debug_state_names_a_batchs_sequences_by_the_id_the_client_saw(bundle):
+    with serve(bundle, max_running=2, max_waiting=2) as served:
+        batch = OpenStream(served.url, "/v1/completions",
+                           {"prompt": ["a", "b"], "max_tokens": LONG, "stream": True})
+        assert batch.response.status == 200
+        served.wait_for(lambda s: len(s["sequences"]) == 2)
+        ids = {q["request_id"] for q in served.state()["sequences"]}
+        assert ids == {batch.request_id}, ids  # not the internal ID-0, ID-1
+        batch.drop()
+        served.wait_idle()
+
+
 def test_disconnect_while_waiting_for_a_whole_body_aborts(served):
     before = len(served.trace())
     whole = SentRequest(served.url, "/v1/completions", {"prompt": "whole", "max_tokens": LONG})
