@@ -71,8 +71,9 @@ class EngineMetrics:
         self.running = Gauge("fairtick_requests_running", "Sequences holding KV",
                              registry=r)
         self.waiting = Gauge("fairtick_requests_waiting",
-                             "Requests queued for KV room or a running place (preempted ones "
-                             "included)", registry=r)
+                             "Sequences queued for KV room or a running place (preempted ones "
+                             "included; each waiting choice of an n > 1 request counts)",
+                             registry=r)
         self.kv_used = Gauge("fairtick_kv_used_tokens", "Tokens held in the KV caches, counted "
                              "against the KV budget", registry=r)
         self.kv_budget = Gauge("fairtick_kv_budget_tokens", "The KV token budget", registry=r)
