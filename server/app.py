@@ -89,14 +89,15 @@ def make_engine(config: ServerConfig) -> Any:
     return engine
 
 
-def model_limits(bundle: Any, config: ServerConfig | None = None) -> ModelLimits:
+def model_limits(bundle: Any, config: ServerConfig | None = None,
+                 kv_budget_tokens: int | None = None) -> ModelLimits:
     """Served names, context length and vocabulary size of a loaded ModelBundle, with the
-    chat max_tokens default of `config`. With no served names configured the model is served
-    as its directory's name."""
+    chat max_tokens default of `config` and the engine's KV budget. With no served names
+    configured the model is served as its directory's name."""
     config = config or ServerConfig()
     name, *aliases = config.served_model_names or (bundle.name,)
     return ModelLimits(name, int(bundle.context_length), bundle.vocab_size, tuple(aliases),
-                       config.default_chat_max_tokens)
+                       config.default_chat_max_tokens, kv_budget_tokens)
 
 
 async def _start_engine(app: Sanic) -> None:
@@ -112,7 +113,7 @@ async def _start_engine(app: Sanic) -> None:
     # admission's tick: 82 ms against its 19 ms target).
     gc.collect()
     gc.freeze()
-    app.ctx.limits = model_limits(engine.bundle, app.ctx.config)
+    app.ctx.limits = model_limits(engine.bundle, app.ctx.config, engine.kv.tokens)
     app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
     log.info("KV budget: %s; up to %d sequences running", engine.kv.describe(),
              engine.layout.max_running)

@@ -60,6 +60,9 @@ class ModelLimits:
     vocab_size: int
     aliases: tuple[str, ...] = ()
     default_chat_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS
+    # The engine's KV token budget: a request's prompt plus max_tokens must fit it (None: no
+    # budget known). A max_tokens the request leaves out is cut to the room it leaves.
+    kv_budget_tokens: int | None = None
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -292,6 +295,11 @@ def _fit_context(num_prompt: int, body: CompletionBody | ChatBody, limits: Model
         requested, tokens_param = body.max_completion_tokens, "max_completion_tokens"
     default = (lim.DEFAULT_COMPLETION_MAX_TOKENS if isinstance(body, CompletionBody)
                else limits.default_chat_max_tokens)
+    budget = limits.kv_budget_tokens
+    if budget is not None and num_prompt < budget:
+        # A default never asks more than the KV budget leaves: a request that sends no
+        # max_tokens runs if its prompt fits (the engine refuses one that sent too many).
+        default = min(default, budget - num_prompt)
     try:
         return fit_context(num_prompt, requested, default, limits.context_length)
     except ContextOverflow as exc:

@@ -289,6 +289,24 @@ def test_a_queued_stream_leaves_the_queue_when_dropped(served):
     holder.drop()
 
 
+def test_a_chat_without_max_tokens_runs_within_a_small_kv_budget(bundle):
+    # Its 2048 default is cut to the room the budget leaves (a 400 naming max_tokens, which the
+    # client never sent, before).
+    with serve(bundle, max_kv_tokens=300) as served:
+        reply = post(served.url, "/v1/chat/completions",
+                     {"messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status == 200, reply.json()
+        usage = reply.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 300
+        assert reply.json()["choices"][0]["finish_reason"] == "length"
+        sent = post(served.url, "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2048})
+        # Sent, it is the client's: refused, naming the budget.
+        assert sent.status == 400, sent.json()
+        assert "plus max_tokens (2048) must fit the KV budget of 300 tokens" in \
+            sent.json()["error"]["message"]
+
+
 def test_debug_state_names_a_batchs_sequences_by_the_id_the_client_saw(bundle):
     with serve(bundle, max_running=2, max_waiting=2) as served:
         batch = OpenStream(served.url, "/v1/completions",

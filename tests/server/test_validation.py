@@ -83,6 +83,23 @@ def test_chat_defaults_to_the_server_default_cut_to_the_room_left():
                             encoder()).sampling.max_tokens == 16, "completions keep 16"
 
 
+def test_a_default_max_tokens_is_cut_to_the_room_the_kv_budget_leaves():
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    num_prompt = len(chat().prompt_tokens)
+    tight = dataclasses.replace(limits(), kv_budget_tokens=num_prompt + 7)
+    assert validate_request("chat", body, tight, encoder()).sampling.max_tokens == 7
+    assert validate_request("completion", {"prompt": "hi"}, dataclasses.replace(
+        limits(), kv_budget_tokens=len(completion().prompt_tokens) + 3),
+        encoder()).sampling.max_tokens == 3, "completions' 16 too"
+    # Sent, it is the client's to lower: kept (the engine refuses what cannot fit).
+    assert validate_request("chat", {**body, "max_tokens": 30}, tight,
+                            encoder()).sampling.max_tokens == 30
+    # A prompt that fills the budget alone: no cut to 0 (the engine names the budget).
+    full = dataclasses.replace(limits(), kv_budget_tokens=num_prompt)
+    assert validate_request("chat", body, full, encoder()).sampling.max_tokens == \
+        CONTEXT - num_prompt
+
+
 def test_supported_fields_reach_sampling_params():
     valid = completion(temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=8, min_tokens=2,
                        stop=["a", "b"], ignore_eos=True, stream=True,
