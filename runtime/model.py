@@ -132,6 +132,11 @@ def load_model(path: str | Path | None = None) -> ModelBundle:
         )
     model, tokenizer, config = mlx_lm.load(str(path), return_config=True)
     context_length = _context_length(config)
+    # The server checks a prompt against the context itself (a 400 naming it); the tokenizer's
+    # own check only logged a warning for every prompt past it. No limit there (transformers'
+    # own "no limit" value); nothing here asks the tokenizer to truncate.
+    if hasattr(tokenizer, "_tokenizer") and hasattr(tokenizer._tokenizer, "model_max_length"):
+        tokenizer._tokenizer.model_max_length = int(1e30)
     bos = getattr(tokenizer, "bos_token_id", None)
     return ModelBundle(
         model=model,

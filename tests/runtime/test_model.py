@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import random
 from pathlib import Path
@@ -77,6 +78,24 @@ def test_load_model_fields(bundle: ModelBundle) -> None:
     assert bundle.bos_token_id == BOS
     assert bundle.name == bundle.path.name
     assert bundle.tokenizer.vocab_size >= 256
+
+
+def test_a_prompt_past_the_context_is_tokenized_without_a_warning() -> None:
+    # The server refuses it with a 400 of its own; transformers' check logged a warning for
+    # every such prompt ("Token indices sequence length is longer than ..."). Its loggers do
+    # not propagate to the root: listen on its own.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
+    try:
+        loaded = load_model(None)  # a tokenizer of its own: transformers warns once per one
+        text = "x" * (loaded.context_length + 10)
+        assert len(loaded.tokenizer.encode(text)) == loaded.context_length + 11  # BOS, bytes
+    finally:
+        library.removeHandler(handler)
+    assert not [r for r in records if "sequence length is longer" in r.getMessage()], records
 
 
 def test_load_model_without_a_path_uses_the_cache_env(
