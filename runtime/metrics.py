@@ -119,7 +119,8 @@ class EngineMetrics:
             "cache (not prefilled)", registry=r)
         self.prefix_cache_miss_tokens = Counter(
             "fairtick_prefix_cache_miss_tokens", "Prompt tokens not found in the prefix cache "
-            "(prefilled)", registry=r)
+            "when the request arrived (to prefill; counted whole even if it ends before)",
+            registry=r)
         self.prefix_cache_evictions = Counter(
             "fairtick_prefix_cache_evictions", "Prefix cache entries evicted, least recently "
             "used first, to stay within the KV the live sequences leave free or its limit",
