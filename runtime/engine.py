@@ -126,10 +126,13 @@ class Engine:
         except (EngineDead, EngineFull, ValueError) as exc:
             reason = {EngineDead: "engine_unavailable", EngineFull: "queue_full"}.get(
                 type(exc), "invalid_request")
-            self.trace.record(TraceEvent(self.scheduler.tick, None, None, None, "refuse",
-                                         reason, time.time(), request.client_id, "refusal"))
-            if request.num_prompts > 1:  # the batch is a refusal: its prompts taken go uncounted
-                self._inbox.put(("refuse", request.client_id))
+            if request.num_prompts > 1 and self.alive:
+                # A batch's prompt: the batch is a refusal, its prompts taken go uncounted. The
+                # engine traces it when it takes this, after the arrivals of those prompts.
+                self._inbox.put(("refuse", (request.client_id, reason)))
+                self._wake.set()
+            else:
+                self._trace_refusal(request.client_id, reason)
             raise
         self._inbox.put(("submit", (request, sink, time.monotonic())))
         self._wake.set()
@@ -251,7 +254,13 @@ class Engine:
                 for seq_id in list(self._by_request.get(request_id, ())):
                     self._retire(seq_id, cause)
             elif kind == "refuse":
-                self.outcomes.refuse(item)
+                response_id, reason = item
+                self.outcomes.refuse(response_id)
+                self._trace_refusal(response_id, reason)
+
+    def _trace_refusal(self, request_id: str, reason: str) -> None:
+        self.trace.record(TraceEvent(self.scheduler.tick, None, None, None, "refuse", reason,
+                                     time.time(), request_id, "refusal"))
 
     def step(self) -> None:
         """One tick: decide, execute, apply, publish."""

@@ -195,3 +195,5 @@ def test_a_batch_refused_at_a_later_prompt_is_traced_under_the_id_the_client_saw
     assert (refusal["request_id"], refusal["rule"]) == ("cmpl-r", "queue_full")
     kinds = [e["kind"] for e in engine.trace.events(request_id="cmpl-r")]
     assert kinds.count("arrival") == kinds.count("refusal") == 1, "one prompt in, one refused"
+    # In the order it happened: the first prompt arrived, then the batch was refused.
+    assert kinds.index("arrival") < kinds.index("refusal"), kinds
