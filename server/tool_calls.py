@@ -97,18 +97,24 @@ def render_call(name: str, arguments: str) -> str:
 
 def tool_call_lark(functions: list[Function], choice: ToolChoice, parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of an output that is only tool calls: of the
-    named function, or of any of `functions` for "required"."""
+    named function, or of any of `functions` for "required". Each function's call is a rule of
+    its own whose arguments are a `%json` of its parameters alone, so the schema's `$ref`s
+    ("#", "#/$defs/...", as pydantic writes them) resolve against it (inside a schema wrapping
+    every call, they resolved against the wrapper: a 400, or a recursive "#" that asked for a
+    whole call). The text around the arguments is what JSON_STYLE writes."""
     chosen = [f for f in functions if choice.mode != "function" or f.name == choice.name]
     assert chosen, "the named function must be among the tools (checked when reading)"
-    schema = {"anyOf": [{
-        "type": "object",
-        "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-        "required": ["name", "arguments"], "additionalProperties": False} for f in chosen],
-        "x-guidance": JSON_STYLE}
+    key, item = JSON_STYLE["key_separator"], JSON_STYLE["item_separator"]
+    rules = []
+    for k, f in enumerate(chosen):
+        head = f"{OPEN}\n{{{json.dumps('name')}{key}{json.dumps(f.name)}{item}" \
+            f"{json.dumps('arguments')}{key}"
+        arguments = {**f.parameters, "x-guidance": JSON_STYLE}
+        rules.append(f"call_{k}: {json.dumps(head)} %json {json.dumps(arguments)} "
+                     f"{json.dumps('}' + chr(10) + CLOSE)}")
     calls = 'call ("\\n" call)*' if parallel else "call"
-    return (f"start: {calls}\n"
-            f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} "
-            f"{json.dumps(chr(10) + CLOSE)}\n")
+    alternatives = " | ".join(f"call_{k}" for k in range(len(chosen)))
+    return f"start: {calls}\ncall: {alternatives}\n" + "\n".join(rules) + "\n"
 
 
 def compile_tool_calls(compiler: GrammarCompiler, functions: list[Function], choice: ToolChoice,

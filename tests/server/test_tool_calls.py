@@ -164,3 +164,50 @@ def test_a_forced_choice_makes_the_noise_model_call_a_tool(bundle, choice, paral
         for call in calls:
             assert choice.mode == "required" or call.name == choice.name
             jsonschema.validate(json.loads(call.arguments), BY_NAME[call.name].parameters)
+
+
+# What `openai.pydantic_function_tool` writes for a model with a nested model and an enum:
+# `$defs` and `$ref`s from the parameters' own root; and a tree whose child is the whole schema.
+NESTED = Function("place", None, {
+    "type": "object", "additionalProperties": False, "required": ["inner", "colour"],
+    "properties": {"inner": {"$ref": "#/$defs/Inner"}, "colour": {"$ref": "#/$defs/Colour"}},
+    "$defs": {
+        "Inner": {"type": "object", "additionalProperties": False, "required": ["x"],
+                  "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}},
+        "Colour": {"type": "string", "enum": ["red", "green"]}}})
+TREE = Function("tree", None, {
+    "type": "object", "additionalProperties": False, "required": ["v", "child"],
+    "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                   "child": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}})
+
+
+def test_parameters_refs_resolve_against_their_own_schema_in_forced_calls(bundle):
+    # Wrapped in one schema of every call, "#/$defs/Inner" was missing (a 400) and "#" asked for
+    # a whole call ({"name": ..., "arguments": ...}) as the tree's child.
+    engine, got = Engine(EngineConfig(max_running=8), bundle), Collector()
+    engine.start()
+    ids = [f"r{seed}" for seed in range(6)]
+    try:
+        grammar = compile_tool_calls(engine.grammars, [*FUNCTIONS, NESTED, TREE],
+                                     ToolChoice("required"), False)
+        tree = compile_tool_calls(engine.grammars, [NESTED, TREE], ToolChoice("function", "tree"),
+                                  False)
+        for seed, rid in enumerate(ids):
+            prompt = tuple(random.Random(seed).randrange(32, 127) for _ in range(12))
+            sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=seed)
+            engine.submit(GenerationRequest(rid, prompt, sampling,
+                                            grammar=tree if seed % 2 else grammar), got.sink)
+        got.wait(*ids)
+    finally:
+        engine.stop()
+    by_name = {f.name: f for f in [*FUNCTIONS, NESTED, TREE]}
+    children = []
+    for rid in ids:
+        assert got.last(rid).finish_reason == "stop", got.text(rid)
+        content, calls = parse_tool_calls(got.text(rid), set(by_name))
+        assert content is None and len(calls) == 1, got.text(rid)
+        arguments = json.loads(calls[0].arguments)
+        jsonschema.validate(arguments, by_name[calls[0].name].parameters)
+        if calls[0].name == "tree":
+            children.append(arguments["child"])
+    assert any(child is not None for child in children), "the recursion was taken"
