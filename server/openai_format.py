@@ -97,15 +97,19 @@ def _chunk(header: ResponseHeader, choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None,
-          index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+          index: int = 0, logprobs: dict[str, Any] | None = None,
+          calls_only: bool = False) -> dict[str, Any]:
     """One streamed chunk of choice `index`, with the log-probabilities of its tokens; for
-    chat, `text=None` opens the assistant turn (the role delta)."""
+    chat, `text=None` opens the assistant turn (the role delta), whose content is "" or, for a
+    turn that can only be tool calls (`calls_only`: a forced tool_choice), null as OpenAI
+    sends it and as the whole response has it."""
     choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
                               "finish_reason": finish_reason}
     if header.kind == "completion":
         return _chunk(header, {**choice, "text": text or ""})
     if text is None and finish_reason is None:
-        delta: dict[str, str] = {"role": "assistant", "content": ""}
+        delta: dict[str, str | None] = {"role": "assistant",
+                                        "content": None if calls_only else ""}
     else:
         delta = {"content": text} if text else {}
     return _chunk(header, {**choice, "delta": delta})

@@ -169,8 +169,10 @@ async def _relay_sse(
     )
     await response.send("", end_stream=False)  # the headers, now: the request is accepted
     if header.kind == "chat":
+        forced = valid.tools is not None and valid.tools.choice.mode in ("required", "function")
         for index in range(stream.num_choices):
-            await response.send(fmt.sse(fmt.chunk(header, None, None, index)))
+            await response.send(fmt.sse(fmt.chunk(header, None, None, index,
+                                                  calls_only=forced)))
     last: dict[int, TokenEvent] = {}
     names = valid.tools.names if valid.tools is not None else None
     readers = {i: ToolCallStream(names) for i in range(stream.num_choices)} if names else {}

@@ -75,6 +75,12 @@ def test_a_forced_choice_gets_well_formed_tool_calls(client, model_name, choice)
     assert finish == "tool_calls" and content == ""
     assert [(c["name"], c["arguments"]) for c in calls] == \
         [(c.function.name, c.function.arguments) for c in message.tool_calls]  # greedy
+    # The SDK's stream helper assembles what the whole response has: no content (the role
+    # delta's content is null, not "", for a turn that can only be calls).
+    with client.chat.completions.stream(**args) as stream:
+        final = stream.get_final_completion().choices[0].message
+    assert final.content is None and [c.function.arguments for c in final.tool_calls] == \
+        [c.function.arguments for c in message.tool_calls]
 
 
 def test_parallel_calls_sampled(client, model_name):
