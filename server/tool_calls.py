@@ -107,8 +107,7 @@ def tool_call_lark(functions: list[Function], choice: ToolChoice, parallel: bool
     key, item = JSON_STYLE["key_separator"], JSON_STYLE["item_separator"]
     rules = []
     for k, f in enumerate(chosen):
-        head = f"{OPEN}\n{{{json.dumps('name')}{key}{json.dumps(f.name)}{item}" \
-            f"{json.dumps('arguments')}{key}"
+        head = f'{OPEN}\n{{"name"{key}{json.dumps(f.name)}{item}"arguments"{key}'
         arguments = {**f.parameters, "x-guidance": JSON_STYLE}
         rules.append(f"call_{k}: {json.dumps(head)} %json {json.dumps(arguments)} "
                      f"{json.dumps('}' + chr(10) + CLOSE)}")
