@@ -146,7 +146,12 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scal
     if FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
         out = _attend_slice(queries, keys, values, group, length)
     else:
-        scores = queries @ keys.swapaxes(-1, -2)
+        if FAST_SOFTMAX and length == 1:
+            # Decode rows: keys @ queries^T reads the long operand as BLAS's rows (the same
+            # dot products); a 4-row batch's attention at 1,300-3,000 keys 0.88-0.92x the time.
+            scores = (keys @ queries.swapaxes(-1, -2)).swapaxes(-1, -2)
+        else:
+            scores = queries @ keys.swapaxes(-1, -2)
         if mask is not None:
             scores = _masked(scores.reshape(batch, num_kv_heads, group, length, num_keys),
                              mask, num_kv_heads, group).reshape(
