@@ -9,19 +9,27 @@ it (`CostModel.slice_tokens_within`); on a probe tick, the largest that fits, in
 its own, in what the rows' own forward leaves of it, as the last probes measured that forward
 (`DecodePace.probe_s`; a 1-token slice there wasted ~3% of the prompt's ticks, and one sized
 after the rows' pipelined step ran probe ticks to 1.10x their target at the median, 1.35x at
-the 95th percentile, against 0.97x and 1.17x now: in-process, 4 streams and a 10,000-token
-prompt). Every tick, budgeted or not, is priced by the cost model afterwards, except a probe:
-its two forwards are not the tick the model prices; its slices' forward is priced as a tick of
-its own (a slice with no decode rows), so the model learns what the probe's slice costs.
+the 95th percentile, against 0.97x and 1.17x then: in-process, 4 streams and a 10,000-token
+prompt), less the rest of a probe tick as the last probes measured it (its time outside its
+two forwards: scheduling, sizing, publishing, ~1-2 ms, which a mixed tick's price includes but
+neither forward's does). Every tick, budgeted or not, is priced by the cost model afterwards,
+except a probe: its two forwards are not the tick the model prices; its slices' forward is
+priced as a tick of its own (a slice with no decode rows), so the model learns what the probe's
+slice costs.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+
+import numpy as np
 
 from runtime.budget import CostModel, DecodePace, SliceShape, TickShape
 from runtime.executor import Executor, SliceWork
 from statemachine.tick import Policy, TickState
+
+_REST_PROBES = 8  # the recent probe ticks whose time outside their forwards is the next's
 
 
 class TickBudget:
@@ -38,10 +46,15 @@ class TickBudget:
         self.target_s: float | None = None  # the latency target this tick's slice is sized for
         # This tick's decode rows and the keys they attend, when it probes their pace.
         self.probe: tuple[list[int], int] | None = None
+        # A probe tick's forwards' seconds as measured (the rows', the slices'), and the rest
+        # of the recent probe ticks: their time outside both.
+        self._probe_parts: list[float] = []
+        self._probe_rest: deque[float] = deque(maxlen=_REST_PROBES)
 
     def begin(self, tick: int) -> None:
         """Tick `tick` starts: nothing sized or probed yet."""
         self._tick, self.target_s, self.probe = tick, None, None
+        self._probe_parts = []
 
     def slice_tokens(self, state: TickState) -> int:
         """Prefill tokens of one slice that fit this tick's target next to the decode rows (0:
@@ -70,7 +83,8 @@ class TickBudget:
             # step's p95, probe ticks ran to 1.1x their target at the median, half of the
             # slowest ticks), or that step's p95 before any probe.
             rows_s = max(decode_s, self.pace.probe_s(ids) or 0.0)
-            return self.costs.slice_tokens_within(self.target_s - rows_s, [], context,
+            rest_s = float(np.median(self._probe_rest)) if self._probe_rest else 0.0
+            return self.costs.slice_tokens_within(self.target_s - rows_s - rest_s, [], context,
                                                   self._chunk)
         return self.costs.slice_tokens_within(self.target_s, rows, context, self._chunk,
                                               constrained)
@@ -92,15 +106,19 @@ class TickBudget:
         """The tick ran `shape` in `seconds`."""
         if self.probe is None:
             self.costs.observe(shape, seconds, self.target_s)
+        elif len(self._probe_parts) == 2:  # both forwards measured: what the rest took
+            self._probe_rest.append(max(0.0, seconds - sum(self._probe_parts)))
 
     def observe_probe_slices(self, shape: TickShape, seconds: float) -> None:
         """This tick's probe: its slices' forward of their own ran `shape` in `seconds`. The cost
         model learns from it as from any tick without decode rows: it sizes the next probe's
         slice, and it is a slice's cost measured without the rows' beside it."""
         self.costs.observe(shape, seconds)
+        self._probe_parts.append(seconds)
 
     def observe_probe(self, seconds: float) -> None:
         """This tick's probe: its decode rows' own forward took `seconds`."""
         assert self.probe is not None
         rows, keys = self.probe
         self.pace.observe(rows, seconds, keys)
+        self._probe_parts.append(seconds)
