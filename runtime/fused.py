@@ -66,8 +66,6 @@ from runtime.row_groups import split_rows
 _FUSABLE_ATTENTION = (llama.Attention, qwen2.Attention)
 _FUSABLE_MLP = (llama.MLP, qwen2.MLP)
 _FUSABLE_BLOCK = (llama.TransformerBlock, qwen2.TransformerBlock)
-# A lone prompt slice longer than this runs as forwards of this many tokens (`forward_fused`).
-PROMPT_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -104,18 +102,7 @@ def can_fuse(model: Any) -> bool:
 def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     """Logits (rows wanted, vocab) of every segment with `logits` (every position of one with
     `all_logits`), in segment order; None when no segment wants any. Updates every segment's
-    cache. `model` must pass `can_fuse`.
-
-    A tick whose only work is one prompt's slice of more than PROMPT_BLOCK tokens (a prompt
-    prefilling in chunks while nothing decodes) runs it as consecutive forwards of PROMPT_BLOCK
-    tokens, each handed to MLX before the next is built: each block's score block (its queries
-    against every key before them) stays in the CPU's caches, where a 512-token chunk's at
-    long context does not. A 512-token chunk took 0.95x the time at context 512, 0.52x at
-    4,096 and 0.48x at 8,192 (in-process, the built-in model; ADR 0014 revision 4). On the CPU
-    with the fast softmax only: its results already differ from the model's own forward in the
-    last bits, while `FAIRTICK_SOFTMAX=exact` keeps the whole chunk bit-equal to it."""
-    if len(segments) == 1 and _blocked(segments[0]):
-        return _forward_in_blocks(model, segments[0])
+    cache. `model` must pass `can_fuse`."""
     inner = model.model
     h = inner.embed_tokens(mx.concatenate([s.tokens.reshape(-1) for s in segments]))
     # Masks as the model makes them: from each segment's shape and cache, before any update.
@@ -157,31 +144,6 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         if early and i < last:
             mx.async_eval(h)  # the worker starts on this layer while the next is built
     return _lm_head(model, rms_norm(inner.norm, h))
-
-
-def _blocked(segment: Segment) -> bool:
-    rows, length = segment.tokens.shape
-    return rows == 1 and length > PROMPT_BLOCK and attention.FAST_SOFTMAX
-
-
-def _forward_in_blocks(model: Any, segment: Segment) -> mx.array | None:
-    # The slice's tokens PROMPT_BLOCK at a time, each block's forward handed to MLX before
-    # the next is built (one graph of them all runs breadth-first, every block's scores at
-    # once); the logits the whole slice wants, from the blocks that hold them.
-    length = segment.tokens.shape[1]
-    logits = []
-    for start in range(0, length, PROMPT_BLOCK):
-        end = min(start + PROMPT_BLOCK, length)
-        last = end == length
-        block = Segment(segment.tokens[:, start:end], segment.cache,
-                        logits=segment.all_logits or (last and segment.logits),
-                        all_logits=segment.all_logits)
-        out = forward_fused(model, [block])
-        if out is not None:
-            logits.append(out)
-        if not last:
-            mx.async_eval([c.state for c in segment.cache], logits)
-    return _concat(logits) if logits else None
 
 
 def attention_streams(segments: Sequence[Segment]) -> list[tuple[mx.Stream, ...]]:

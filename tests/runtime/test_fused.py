@@ -81,9 +81,6 @@ MIXES = {
     "rows and slices that want no logits": ([12], [(5, 3, False), (9, 0, False)]),
     # The longest row attends apart from the rest, which attend only their own window.
     "a row far longer than the rest": ([5, 9, 3, 700, 12], [(6, 40, True)]),
-    # A prompt's chunk alone: in blocks of PROMPT_BLOCK tokens (with the fast softmax).
-    "a lone long slice ending its prompt": ([], [(300, 200, True)]),
-    "a lone long slice from the start, no logits": ([], [(257, 0, False)]),
 }
 
 
@@ -106,31 +103,6 @@ def test_fused_forward_equals_the_models_own_forward(module, mix):
                 else a.offset == b.offset
             for x, y in zip(a.state[:2], b.state[:2], strict=True):
                 assert same(x, y)
-
-
-def test_a_lone_long_slice_runs_block_by_block_with_every_positions_logits(monkeypatch):
-    # A prompt asking for its tokens' log-probabilities wants every position's logits: each
-    # block gives its own, in order. With the fast softmax the slice runs PROMPT_BLOCK tokens
-    # a forward (the exact softmax keeps it whole, bit-equal to the model's own forward).
-    from runtime import fused
-    model = random_model(llama, model_type="llama")
-    rng = random.Random(7)
-    tokens = mx.array([rng.randrange(258) for _ in range(300)])[None]
-    mine, theirs = (filled_cache(model, 150, random.Random(3)) for _ in range(2))
-    lengths = []
-    inner = fused.forward_fused
-
-    def spy(model, segments):
-        lengths.append([s.num_tokens for s in segments])
-        return inner(model, segments)
-
-    monkeypatch.setattr(fused, "forward_fused", spy)
-    got = fused.forward_fused(model, [Segment(tokens, mine, logits=True, all_logits=True)])
-    want = model(tokens, cache=theirs).reshape(-1, model.args.vocab_size)
-    assert got is not None and got.shape == want.shape == (300, model.args.vocab_size)
-    assert same(got, want)
-    assert [c.offset for c in mine] == [c.offset for c in theirs] == [450] * len(mine)
-    assert lengths == ([[300], [128], [128], [44]] if FAST_SOFTMAX else [[300]])
 
 
 def test_only_architectures_whose_layers_it_restates_are_fused():
