@@ -171,9 +171,27 @@ def parse_serve_args(argv: Sequence[str], prog: str,
         params = resolve_policy_params(spec, vars(args), os.environ)
         config = make_server_config(args, params)
     except ValueError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {_named_by_flag(parser, str(exc))}", file=sys.stderr)
         return 2
     return config, args, blas
+
+
+# Settings whose field is named otherwise than the flag that sets it.
+_FIELD_FLAG_DEST = {"served_model_names": "served_model_name"}
+
+
+def _named_by_flag(parser: argparse.ArgumentParser, message: str) -> str:
+    # The settings' own checks name their fields ("max_waiting must be ...", "allowed_origins:
+    # ..."): the user typed a flag, so the message names that, and any other field it names.
+    flags = {action.dest: action.option_strings[0] for action in parser._actions
+             if action.option_strings}
+    words = message.split(" ")
+    for i, word in enumerate(words):
+        field = word.rstrip(":")
+        flag = flags.get(_FIELD_FLAG_DEST.get(field, field))
+        if flag is not None and (i == 0 or "_" in field):
+            words[i] = flag + word[len(field):]
+    return " ".join(words)
 
 
 def _load_blas(setting: str | None) -> Any:
