@@ -176,19 +176,16 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     return config, args, blas
 
 
-# Settings whose field is named otherwise than the flag that sets it.
-_FIELD_FLAG_DEST = {"served_model_names": "served_model_name"}
-
-
 def _named_by_flag(parser: argparse.ArgumentParser, message: str) -> str:
     # The settings' own checks name their fields ("max_waiting must be ...", "allowed_origins:
-    # ..."): the user typed a flag, so the message names that, and any other field it names.
+    # ..."): the user typed a flag, so the message names that, and any other field it names
+    # (each flag's dest is its setting's field name).
     flags = {action.dest: action.option_strings[0] for action in parser._actions
              if action.option_strings}
     words = message.split(" ")
     for i, word in enumerate(words):
         field = word.rstrip(":")
-        flag = flags.get(_FIELD_FLAG_DEST.get(field, field))
+        flag = flags.get(field)
         if flag is not None and (i == 0 or "_" in field):
             words[i] = flag + word[len(field):]
     return " ".join(words)
@@ -288,6 +285,7 @@ def _add_api_flags(p: argparse.ArgumentParser) -> None:
 
     api = p.add_argument_group("API")
     api.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                     dest="served_model_names",
                      help="the model ids requests may name; the first is the id reported "
                      "(default: the model directory's name)")
     api.add_argument("--default-chat-max-tokens", type=int, default=DEFAULT_CHAT_MAX_TOKENS,
@@ -327,7 +325,7 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
     return ServerConfig(
         engine=engine, host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
         listen_backlog=args.listen_backlog, stop_grace_s=args.stop_grace_s,
-        served_model_names=tuple(args.served_model_name or ()),
+        served_model_names=tuple(args.served_model_names or ()),
         default_chat_max_tokens=args.default_chat_max_tokens,
         # An empty variable counts as unset, as shells make it easy to export one.
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
