@@ -29,7 +29,7 @@ from runtime.api import (
 )
 from runtime.capacity import make_kv_budget
 from runtime.engine_config import EngineConfig
-from runtime.executor import Executor, SliceWork
+from runtime.executor import Executor, SequenceFault, SliceWork
 from runtime.grammar import GrammarCompiler, make_grammar_compiler
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
@@ -407,15 +407,26 @@ class Engine:
         for slices, rows in pieces:
             error: Exception | None = exc
             if len(pieces) > 1:  # else the tick was this one piece, and it failed already
-                try:
-                    tokens.update(self.executor.run(slices, rows))
-                    error = None
-                except Exception as piece_exc:  # noqa: BLE001
-                    error = piece_exc
+                error = self._try_run(slices, rows, tokens)
+            # A decode row the executor names as the fault (its grammar refused its token)
+            # fails alone; the other rows step again without it.
+            while isinstance(error, SequenceFault) and error.seq_id in rows:
+                self._fail(error.seq_id, error)
+                rows = [seq_id for seq_id in rows if seq_id != error.seq_id]
+                error = self._try_run(slices, rows, tokens) if rows else None
             if error is not None:
                 for seq_id in [w.seq_id for w in slices] + rows:
                     self._fail(seq_id, error)
         return tokens
+
+    def _try_run(self, slices: list[SliceWork], rows: list[int],
+                 tokens: dict[int, int]) -> Exception | None:
+        # One executor call whose tokens join `tokens`; the exception it raised, if any.
+        try:
+            tokens.update(self.executor.run(slices, rows))
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        return None
 
     def _fail(self, seq_id: int, exc: BaseException) -> None:
         log.error("request failed in the engine: %r", exc, exc_info=exc)

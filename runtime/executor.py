@@ -68,6 +68,23 @@ class Slice:
     num_tokens: int
 
 
+class SequenceFault(RuntimeError):
+    """A tick failed because of one sequence's token (its grammar refused it): `run` raises it
+    with every sequence left as it was, so the caller may fail that sequence alone and run the
+    rest again."""
+
+    def __init__(self, seq_id: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.seq_id = seq_id
+
+
+def _check(seq: SeqState, token: int) -> None:
+    try:
+        seq.check_token(token)
+    except RuntimeError as exc:
+        raise SequenceFault(seq.seq_id, exc) from exc
+
+
 class Executor:
     """Owns the model's MLX state for every live sequence; runs what the scheduler decides.
 
@@ -176,10 +193,10 @@ class Executor:
             found = {seq_id: o.to_host(self._seqs[seq_id]) for seq_id, o in outputs.items()}
             # A token a grammar refuses fails the tick, which is undone: nothing committed yet.
             for seq, token in zip(batch, decoded, strict=True):
-                seq.check_token(token[0])
+                _check(seq, token[0])
             for seq_id, (first, _) in found.items():
                 if first is not None:
-                    self._seqs[seq_id].check_token(first[0])
+                    _check(self._seqs[seq_id], first[0])
         return self._commit(batch, decoded, slices, found)
 
     def take_logprobs(self) -> tuple[dict[int, TokenLogprob],

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_top_p
 
 from runtime.logprobs import Sampled, logprob_arrays
@@ -114,6 +115,9 @@ def sample_rows(logits: mx.array, params: Sequence[SamplingParams], state: RowSt
     return Sampled(tokens, logprobs), replace(state, keys=keys, counts=counts)
 
 
+_TINY = float(np.finfo(np.float32).tiny)
+
+
 def _column(values: list[float], dtype: mx.Dtype = mx.float32) -> mx.array:
     return mx.array(values, dtype=dtype)[:, None]
 
@@ -149,7 +153,9 @@ def _draw(x: mx.array, params: Sequence[SamplingParams],
     x = x - mx.max(x, axis=-1, keepdims=True)
     top_p = [p.top_p for p in params]
     if any(v < 1.0 for v in top_p):
-        column = _column(top_p)
+        # At least float32's smallest normal number: a smaller top_p (still > 0, so valid)
+        # would round to 0 in float32, keep no token and draw one of probability 0.
+        column = _column([max(v, _TINY) for v in top_p])
         x = mx.where(column < 1.0, apply_top_p(x, column), x)
     min_p = [p.min_p for p in params]
     if any(v > 0.0 for v in min_p):

@@ -18,7 +18,7 @@ from mlx_lm.generate import generate_step
 from runtime.api import GenerationRequest
 from runtime.engine import Engine, EngineConfig
 from runtime.executor import Executor
-from runtime.grammar import Grammar, ResponseFormat, make_grammar_compiler
+from runtime.grammar import Grammar, GrammarMatcher, ResponseFormat, make_grammar_compiler
 from runtime.model import EOS_ID, ModelBundle
 from runtime.sampling import SamplingParams
 from tests.runtime.engine_harness import Collector, submit, wait_until
@@ -80,6 +80,43 @@ def test_constrained_and_free_rows_share_the_batch(bundle: ModelBundle) -> None:
         mx.array(prompt(30, 99)), bundle.model, max_tokens=40)]
     assert got.last("free").finish_reason == "length"
     assert len({got.text(rid) for rid in constrained}) == len(constrained)
+
+
+def test_a_row_whose_grammar_refuses_its_token_fails_alone(bundle: ModelBundle, grammar: Grammar,
+                                                           monkeypatch) -> None:
+    # The mask makes a refusal an internal error (a top_p that kept no token once did it). It
+    # fails that request only: the decode rows beside it step again without it, and their
+    # tokens stay what the model alone gives them.
+    checked = 0
+    real = GrammarMatcher.check_token
+
+    def refuse_the_fifth(self: GrammarMatcher, token: int) -> None:
+        nonlocal checked
+        checked += 1
+        if checked == 5:
+            raise RuntimeError(f"the grammar refused token {token}: injected")
+        real(self, token)
+
+    monkeypatch.setattr(GrammarMatcher, "check_token", refuse_the_fifth)
+    engine, got = Engine(EngineConfig(max_running=8), bundle), Collector()
+    engine.start()
+    free = {"free-1": prompt(9, 41), "free-2": prompt(17, 42)}
+    try:
+        for rid, tokens in free.items():
+            submit(engine, got, rid, tokens, max_tokens=40)
+        wait_until(lambda: all(len(got.tokens(rid)) >= 2 for rid in free))
+        engine.submit(_request("bad", prompt(6, 43), grammar, max_tokens=300), got.sink)
+        got.wait("bad", *free)
+        assert engine.alive
+    finally:
+        engine.stop()
+    assert got.last("bad").finish_reason == "error" and "injected" in got.last("bad").error
+    assert len(got.tokens("bad")) == 4  # the fifth token checked was refused
+    for rid, tokens in free.items():
+        assert got.last(rid).finish_reason == "length", got.last(rid).error
+        assert got.last_order(rid) > got.last_order("bad"), "it still decoded when bad failed"
+        assert got.tokens(rid) == [t for t, _ in generate_step(
+            mx.array(tokens), bundle.model, max_tokens=40)]
 
 
 def test_max_tokens_cuts_a_constrained_output_with_length(bundle: ModelBundle,

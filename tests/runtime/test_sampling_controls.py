@@ -140,6 +140,17 @@ def test_min_p_and_top_k_keep_sampled_tokens_in_their_set(bundle, prompt, contro
         assert all(hits) if inside else not all(hits), (control, inside, out)
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-46, 5e-324])
+def test_a_top_p_too_small_for_float32_keeps_the_top_token(bundle, prompt, top_p):
+    # Any top_p > 0 is valid; one below float32's range rounded to 0 and kept no token, so the
+    # draw took token 0, which the model never emits. It keeps the most likely token, as a
+    # tiny top_p does: the greedy tokens, however hot the temperature.
+    greedy = generate(bundle, prompt, SamplingParams(max_tokens=NUM_TOKENS))
+    out = generate(bundle, prompt, SamplingParams(temperature=2.0, top_p=top_p, seed=3,
+                                                  max_tokens=NUM_TOKENS))
+    assert out == greedy
+
+
 def test_each_row_of_a_batch_keeps_its_own_filter(bundle):
     # Different top_k and min_p per row in one batched step: each row's tokens lie in the set
     # its own values allow (a row given another row's value would leave it).
