@@ -24,6 +24,11 @@ Body = TypeVar("Body", bound=BaseModel)
 log = logging.getLogger("fairtick.server")
 IGNORED_FIELDS_HEADER = "fairtick-ignored-fields"
 MAX_HEADER_FIELDS = 16  # named in the header; the log line names them all
+# A path longer than this is named by its start (a client's key may be any length), and the
+# names stop before the header passes MAX_HEADER_BYTES: clients refuse header lines past 64 KiB
+# (Python's http.client) and proxies past 4-8 KiB.
+MAX_HEADER_NAME_CHARS = 64
+MAX_HEADER_BYTES = 4096
 
 
 def show(value: Any, limit: int = 40, whole_string: bool = True) -> str:
@@ -193,12 +198,20 @@ def _ignored_in(value: Any, path: str) -> list[str]:
 
 def ignored_header(paths: list[str]) -> dict[str, str]:
     """The response header naming the ignored fields (percent-encoded: a client's key may hold
-    any character, a header may not); empty when none was ignored."""
+    any character, a header may not): at most MAX_HEADER_FIELDS, a path longer than
+    MAX_HEADER_NAME_CHARS by its start and "...", the value within MAX_HEADER_BYTES; empty when
+    none was ignored."""
     if not paths:
         return {}
-    names = [urllib.parse.quote(p, safe="[]._-~:@!$&'()*+;=/") for p in paths]
-    more = len(names) - MAX_HEADER_FIELDS
-    value = ", ".join(names[:MAX_HEADER_FIELDS]) + (f", ... ({more} more)" if more > 0 else "")
+    names: list[str] = []
+    for path in paths[:MAX_HEADER_FIELDS]:
+        cut = path if len(path) <= MAX_HEADER_NAME_CHARS else path[:MAX_HEADER_NAME_CHARS] + "..."
+        name = urllib.parse.quote(cut, safe="[]._-~:@!$&'()*+;=/")
+        if names and len(", ".join([*names, name])) > MAX_HEADER_BYTES:
+            break
+        names.append(name)
+    more = len(paths) - len(names)
+    value = ", ".join(names) + (f", ... ({more} more)" if more > 0 else "")
     return {IGNORED_FIELDS_HEADER: value}
 
 
