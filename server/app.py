@@ -149,7 +149,11 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 async def _sanic_error(request: Request, exc: SanicException) -> JSONResponse:
     name = type(exc).__name__
-    error = ApiError(exc.status_code, str(exc) or name,
+    message = str(exc) or name
+    if exc.status_code == 413:  # Sanic's check of the declared length, before any route
+        message = (f"{message}: the limit is {request.app.config.REQUEST_MAX_SIZE} bytes "
+                   "(--max-body-bytes)")
+    error = ApiError(exc.status_code, message,
                      code=re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(),
                      headers=getattr(exc, "headers", None))
     return _answer(request, error)

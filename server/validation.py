@@ -126,7 +126,8 @@ class ValidRequest:
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
     """Decode a request body into a JSON object, or raise a 4xx `ApiError` saying what is wrong."""
     if len(body) > max_body_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_body_bytes}",
+        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_body_bytes} "
+                       "(--max-body-bytes)",
                        code="request_too_large")
     media_type = (content_type or "application/json").split(";")[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):

@@ -17,7 +17,7 @@ def test_a_valid_body_parses():
 
 def test_body_too_large_is_413():
     expect(parse_body, b"{}" + b" " * 2000, "application/json", 1024, status=413,
-           match="limit is 1024")
+           match="limit is 1024 (--max-body-bytes)")
 
 
 def test_wrong_content_type_is_415():
