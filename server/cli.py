@@ -143,6 +143,9 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     known, _ = pre.parse_known_args(argv)
     try:
         blas = _load_blas(known.blas)
+        from runtime.cachedir import usable_cache_dir
+
+        usable_cache_dir()  # the built-in model and the BLAS shim are kept there
         from runtime import kernels
 
         # $FAIRTICK_SOFTMAX checked, and the compiled kernels (softmax, RMSNorm, rope rotation)

@@ -100,6 +100,18 @@ def test_a_bad_attention_streams_setting_refuses_to_start(monkeypatch, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_a_cache_directory_that_cannot_be_used_refuses_to_start(where, tmp_path, monkeypatch,
+                                                                capsys):
+    # It ended start-up in a traceback and exit 1 once the built-in model was written there.
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("FAIRTICK_CACHE", str(tmp_path / where))
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert f"$FAIRTICK_CACHE='{tmp_path / where}' cannot be used" in err, err
+    assert "Traceback" not in err
+
+
 def test_blas_cannot_change_in_a_process_that_already_loaded_one(monkeypatch, capsys):
     monkeypatch.setenv(BLAS_ENV, os.environ.get(BLAS_ENV, ""))
     other = "auto" if load_blas().setting == "reference" else "reference"
