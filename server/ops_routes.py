@@ -60,12 +60,16 @@ async def debug_trace(request: Request) -> HTTPResponse:
     if fmt not in TRACE_FORMATS:
         raise invalid(f"query parameter `format` must be one of {', '.join(TRACE_FORMATS)}, "
                       f"got {fmt!r}", "format")
-    trace = request.app.ctx.engine.trace
+    engine = request.app.ctx.engine
+    trace, state = engine.trace, request.args.get("state") or None
+    states = list(engine.lifecycle.role_of)
+    if state is not None and state not in states:
+        raise invalid(f"query parameter `state` must be one of the lifecycle's states "
+                      f"({', '.join(states)}), got {state!r}", "state")
     since = _query_int(request, "since", 0, minimum=0)
     events = trace.events(since_tick=since, limit=_query_int(request, "limit", None, minimum=1),
                           request_id=request.args.get("request_id") or None,
-                          since_s=_query_float(request, "since_s"),
-                          state=request.args.get("state") or None)
+                          since_s=_query_float(request, "since_s"), state=state)
     if fmt == "perfetto":
         from server.trace_perfetto import to_perfetto
 

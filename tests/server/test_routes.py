@@ -405,7 +405,16 @@ def test_debug_trace_and_state(served):
     assert state["memory"]["cached_sequences"] == 0 and state["memory"]["mlx_active_bytes"] > 0
 
 
-@pytest.mark.parametrize("query", ["since=-1", "since=x", "limit=0", "limit=1.5"])
+@pytest.mark.parametrize("query", ["since=-1", "since=x", "limit=0", "limit=1.5",
+                                   "state=preemted"])
 def test_debug_trace_rejects_bad_queries(served, query):
     reply = get(served.url, f"/debug/trace?{query}")
     assert reply.status == 400 and reply.error()["param"] == query.split("=")[0]
+
+
+def test_debug_trace_state_filter_names_the_lifecycles_states(served):
+    # A misspelt state matched nothing and answered 200, as if nothing had happened.
+    message = get(served.url, "/debug/trace?state=preemted").error()["message"]
+    states = list(served.engine.lifecycle.role_of)
+    assert "preempted" in states and all(name in message for name in states)
+    assert get(served.url, "/debug/trace?state=preempted").status == 200
