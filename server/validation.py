@@ -128,7 +128,7 @@ def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> di
     if len(body) > max_body_bytes:
         raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_body_bytes} "
                        "(--max-body-bytes)",
-                       code="request_too_large")
+                       code="payload_too_large")
     media_type = (content_type or "application/json").split(";")[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):
         raise ApiError(415, f"Content-Type must be application/json, got {media_type!r}",
