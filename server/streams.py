@@ -105,20 +105,27 @@ class EventStream:
         check_fits_queue(len(self.requests), self.engine.admission.max_waiting, prompt_param)
         first = 0
         try:
-            for request in self.requests:
-                self._submit_one(request, self._sink_from(first), prompt_param)
+            for earlier, request in enumerate(self.requests):
+                self._submit_one(request, self._sink_from(first), prompt_param, earlier)
                 first += request.n
         except BaseException:
             self.close("error")
             raise
 
-    def _submit_one(self, request: GenerationRequest, sink: Sink, prompt_param: str) -> None:
+    def _submit_one(self, request: GenerationRequest, sink: Sink, prompt_param: str,
+                    earlier: int) -> None:
+        # `earlier`: this batch's prompts handed over before this one (each took a queue place).
         try:
             self.engine.submit(request, sink)
         except EngineFull as exc:
             retry_s = max(1, math.ceil(exc.retry_after_s))
-            raise ApiError(429, f"The server is at capacity: {exc}. Retry after {retry_s} s",
-                           code="server_busy", headers={"Retry-After": str(retry_s)}) from None
+            own = "" if not earlier else \
+                f"; this batch's {earlier} earlier prompt{'s' if earlier > 1 else ''} took " \
+                f"{'places' if earlier > 1 else 'a place'} in it too, and " \
+                f"{'are' if earlier > 1 else 'is'} aborted"
+            raise ApiError(429, f"The server is at capacity: {exc}{own}. Retry after "
+                           f"{retry_s} s", code="server_busy",
+                           headers={"Retry-After": str(retry_s)}) from None
         except EngineDead as exc:
             raise engine_unavailable(str(exc)) from None
         except ValueError as exc:

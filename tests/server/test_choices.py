@@ -226,7 +226,10 @@ def test_a_batch_that_fits_an_empty_queue_but_not_this_one_is_429_and_leaves_not
         served.wait_for(lambda s: s["admission"]["queued"] == 1)
         reply = post(served.url, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2})
         assert reply.status == 429 and int(reply.headers["retry-after"]) >= 1, reply.body
-        assert "--max-waiting 2" in reply.error()["message"]
+        # The two places counted are the other request's and this batch's first prompt's.
+        assert reply.error()["message"].startswith(
+            "The server is at capacity: 2 requests are already waiting (--max-waiting 2); this "
+            "batch's 1 earlier prompt took a place in it too, and is aborted. Retry after")
         served.wait_for(lambda s: s["admission"]["queued"] == 1)  # its first prompt's place
         holder.drop()
         queued.drop()
