@@ -19,8 +19,10 @@ for (echo) has its slices' logits computed at every position in the same forward
 A sequence with a grammar (structured output, runtime/grammar.py) has its own matcher: each row
 it samples gets the matcher's next-token mask, which the sampler applies after the other
 controls and before the draw (`token_masks` handed to the sampler: the one place a grammar
-touches sampling); the drawn token is checked before the tick commits and advances the matcher
-at commit. No step is queued ahead while a row is constrained: its next mask needs this token.
+touches sampling); the drawn token advances the matcher last, before the tick commits anything
+(where a grammar fails, the matchers moved are rolled back and the tick fails naming that
+sequence: `SequenceFault`). No step is queued ahead while a row is constrained: its next mask
+needs this token.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from runtime import kernels
 from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
-from runtime.grammar import Grammar, token_masks
+from runtime.grammar import Grammar, MatcherError, token_masks
 from runtime.limits import check_context
 from runtime.logprobs import Sampled, Token, TokenLogprob
 from runtime.model import ModelBundle
 from runtime.prefix_cache import CachedPrefix, attach, can_cache
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
-from runtime.seq_state import SeqState, SliceOutput
+from runtime.seq_state import SeqState, SequenceFault, SliceOutput, advance_grammars
 
 log = logging.getLogger("fairtick.executor")
 
@@ -66,23 +68,6 @@ class Slice:
 
     seq_id: int
     num_tokens: int
-
-
-class SequenceFault(RuntimeError):
-    """A tick failed because of one sequence's token (its grammar refused it): `run` raises it
-    with every sequence left as it was, so the caller may fail that sequence alone and run the
-    rest again."""
-
-    def __init__(self, seq_id: int, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.seq_id = seq_id
-
-
-def _check(seq: SeqState, token: int) -> None:
-    try:
-        seq.check_token(token)
-    except RuntimeError as exc:
-        raise SequenceFault(seq.seq_id, exc) from exc
 
 
 class Executor:
@@ -191,12 +176,11 @@ class Executor:
                     [seq.first_logits for seq, _ in slices if seq.first_logits is not None])
             decoded = rows.to_host([s.sampler.params.logprobs for s in batch]) if rows else []
             found = {seq_id: o.to_host(self._seqs[seq_id]) for seq_id, o in outputs.items()}
-            # A token a grammar refuses fails the tick, which is undone: nothing committed yet.
-            for seq, token in zip(batch, decoded, strict=True):
-                _check(seq, token[0])
-            for seq_id, (first, _) in found.items():
-                if first is not None:
-                    _check(self._seqs[seq_id], first[0])
+            # Last: a grammar that fails or refuses its token fails the tick, which is undone
+            # (SequenceFault names the sequence); nothing is committed before this.
+            advance_grammars([(seq, token[0]) for seq, token in zip(batch, decoded, strict=True)]
+                             + [(self._seqs[seq_id], first[0])
+                                for seq_id, (first, _) in found.items() if first is not None])
         return self._commit(batch, decoded, slices, found)
 
     def take_logprobs(self) -> tuple[dict[int, TokenLogprob],
@@ -241,8 +225,8 @@ class Executor:
         mx.eval([sampled.arrays() for _, sampled in made],
                 [child.sampler.state.arrays() for child, _ in made])
         firsts = [sampled.to_host([child.sampler.params.logprobs])[0] for child, sampled in made]
-        for (child, _), first in zip(made, firsts, strict=True):
-            child.check_token(first[0])
+        advance_grammars([(child, first[0]) for (child, _), first in zip(made, firsts,
+                                                                          strict=True)])
         for (child, _), first in zip(made, firsts, strict=True):
             child.commit_slice(0, first, parent.prompt_logprobs)
             self._seqs[child.seq_id] = child
@@ -400,9 +384,12 @@ class Executor:
         assert logits is not None and self._batch.state is not None
         steps = [len(s.generated) + ahead for s in batch]
         rows = logits[: len(batch)]
+        try:
+            masks = token_masks(rows, [s.matcher for s in batch])
+        except MatcherError as exc:
+            raise SequenceFault(batch[exc.row].seq_id, exc) from exc
         sampled, self._batch.state = sample_batch(
-            rows, [s.sampler for s in batch], steps, self._batch.state,
-            token_masks(rows, [s.matcher for s in batch]))
+            rows, [s.sampler for s in batch], steps, self._batch.state, masks)
         return sampled
 
     def _queue_ahead(self, batch: list[SeqState], rows: Sampled) -> None:

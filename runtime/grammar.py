@@ -28,7 +28,7 @@ from runtime.formats import JSON_STYLE, GrammarError, ResponseFormat
 from runtime.limits import MAX_SCHEMA_CHARS
 
 __all__ = ["JSON_STYLE", "Grammar", "GrammarCompiler", "GrammarError", "GrammarMatcher",
-           "ResponseFormat", "apply_masks", "make_grammar_compiler", "token_masks",
+           "MatcherError", "ResponseFormat", "apply_masks", "make_grammar_compiler", "token_masks",
            "unpack_bitmask"]
 
 
@@ -54,18 +54,16 @@ class GrammarMatcher:
         self.grammar = grammar  # a sibling choice (n > 1) starts its own matcher from it
         self.compiler = grammar.compiler
 
-    def check_token(self, token: int) -> None:
-        """Raise unless `token` may come next (the state does not move)."""
-        # validate_tokens reads a token's bytes, and EOS has none: it may come when accepting.
-        allowed = self._matcher.is_accepting() if token in self.compiler.eos_token_ids else \
-            self._matcher.validate_tokens([token]) == 1
-        if not allowed:
-            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
-
     def consume(self, token: int) -> None:
-        """Advance by a sampled token; the mask allowed it, so a refusal is an internal error."""
+        """Advance by a sampled token; the mask allowed it, so a refusal is the grammar's
+        failure (RuntimeError; the matcher is then in an error state)."""
         if not self._matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    def rollback(self) -> None:
+        """Undo the last `consume`."""
+        if not self._matcher.rollback(1):
+            raise RuntimeError(f"grammar matcher could not roll back: {self._matcher.get_error()}")
 
     @property
     def accepting(self) -> bool:
@@ -174,9 +172,21 @@ def token_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> 
     # One row after another on this thread: on 2 shared cores llguidance's thread pool was
     # slower at batch 4 and 16 (ADR 0012).
     for i, m in rows:
-        llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
-        m.check()
+        try:
+            llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
+            m.check()
+        except (RuntimeError, ValueError) as exc:
+            raise MatcherError(i, exc) from exc
     return unpack_bitmask(bitmask, logits.shape[-1])
+
+
+class MatcherError(RuntimeError):
+    """Row `row`'s matcher could not compute its mask (`token_masks`): its grammar failed (a
+    schema llguidance cannot finish, e.g. one whose recursion never ends)."""
+
+    def __init__(self, row: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.row = row
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab: int) -> mx.array:

@@ -9,7 +9,7 @@ from typing import Any
 import mlx.core as mx
 
 from runtime.fused import Segment
-from runtime.grammar import GrammarMatcher, token_masks
+from runtime.grammar import GrammarMatcher, MatcherError, token_masks
 from runtime.logprobs import LogprobArrays, Sampled, Token, TokenLogprob, prompt_logprob_arrays
 from runtime.sampling import SequenceSampler
 
@@ -66,8 +66,11 @@ class SeqState:
         if self.num_prefilled + num_tokens == len(self.tokens):
             if self.forks and not self.generated:
                 self.first_logits = logits[-1:]
-            first = self.sampler.sample(logits[-1:], len(self.generated),
-                                        token_masks(logits[-1:], [self.matcher]))
+            try:
+                masks = token_masks(logits[-1:], [self.matcher])
+            except MatcherError as exc:
+                raise SequenceFault(self.seq_id, exc) from exc
+            first = self.sampler.sample(logits[-1:], len(self.generated), masks)
         if not every:
             return SliceOutput(first)
         known = len(self.prompt_logprobs)
@@ -95,16 +98,36 @@ class SeqState:
             self.prompt_logprobs_sent = True
             self.sent_prompt_logprobs = tuple(self.prompt_logprobs)
 
-    def check_token(self, token: int) -> None:
-        """Raise unless its grammar (if any) allows `token` next: before a tick commits."""
-        if self.matcher is not None:
-            self.matcher.check_token(token)
-
     def _append(self, token: Token) -> None:
-        if self.matcher is not None:
-            self.matcher.consume(token[0])
+        # Its grammar's matcher, if any, has taken the token already (advance_grammars).
         self.generated.append(token[0])
         self.sent_logprob = token[1]
+
+
+class SequenceFault(RuntimeError):
+    """A tick failed because of one sequence alone (its grammar failed, or refused its token):
+    the executor raises it with every sequence left as it was, so the caller may fail that
+    sequence and run the others again."""
+
+    def __init__(self, seq_id: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.seq_id = seq_id
+
+
+def advance_grammars(tokens: list[tuple[SeqState, int]]) -> None:
+    """Move each constrained sequence's matcher past its token, before a tick commits anything;
+    where one fails, undo those moved and raise SequenceFault naming its sequence."""
+    moved: list[GrammarMatcher] = []
+    for seq, token in tokens:
+        if seq.matcher is None:
+            continue
+        try:
+            seq.matcher.consume(token)
+        except RuntimeError as exc:
+            for matcher in reversed(moved):
+                matcher.rollback()
+            raise SequenceFault(seq.seq_id, exc) from exc
+        moved.append(seq.matcher)
 
 
 @dataclass(frozen=True)

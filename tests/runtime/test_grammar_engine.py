@@ -17,7 +17,7 @@ from mlx_lm.generate import generate_step
 
 from runtime.api import GenerationRequest
 from runtime.engine import Engine, EngineConfig
-from runtime.executor import Executor
+from runtime.executor import Executor, SequenceFault, Slice
 from runtime.grammar import Grammar, GrammarMatcher, ResponseFormat, make_grammar_compiler
 from runtime.model import EOS_ID, ModelBundle
 from runtime.sampling import SamplingParams
@@ -82,41 +82,98 @@ def test_constrained_and_free_rows_share_the_batch(bundle: ModelBundle) -> None:
     assert len({got.text(rid) for rid in constrained}) == len(constrained)
 
 
-def test_a_row_whose_grammar_refuses_its_token_fails_alone(bundle: ModelBundle, grammar: Grammar,
-                                                           monkeypatch) -> None:
-    # The mask makes a refusal an internal error (a top_p that kept no token once did it). It
-    # fails that request only: the decode rows beside it step again without it, and their
-    # tokens stay what the model alone gives them.
-    checked = 0
-    real = GrammarMatcher.check_token
+# A schema no finite value satisfies ("b" must hold a "c", which must hold a "c", ...): its
+# grammar compiles, then fails a few tokens into "b" (llguidance's "Too many items").
+ENDLESS = {"type": "object", "properties": {
+    "a": {"type": "string", "minLength": 8, "maxLength": 8},
+    "b": {"$ref": "#/$defs/n"}}, "required": ["a", "b"], "additionalProperties": False,
+    "$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
+                    "required": ["c"], "additionalProperties": False}}}
 
-    def refuse_the_fifth(self: GrammarMatcher, token: int) -> None:
-        nonlocal checked
-        checked += 1
-        if checked == 5:
-            raise RuntimeError(f"the grammar refused token {token}: injected")
-        real(self, token)
 
-    monkeypatch.setattr(GrammarMatcher, "check_token", refuse_the_fifth)
+@pytest.mark.parametrize("failing", ["endless schema", "refused token"])
+def test_a_row_whose_grammar_fails_fails_alone(bundle: ModelBundle, grammar: Grammar,
+                                               failing: str, monkeypatch) -> None:
+    # A grammar that fails mid-output (a schema whose recursion never ends; a token refused,
+    # injected) fails that request only: the rows beside it step again without it, and every
+    # token they were sampled is published, the model's own; the constrained prompt that
+    # starts beside it gets its first token too. The failure once failed every row (and told
+    # them the failing request's schema), and rows committed before the failing one lost their
+    # token.
     engine, got = Engine(EngineConfig(max_running=8), bundle), Collector()
     engine.start()
     free = {"free-1": prompt(9, 41), "free-2": prompt(17, 42)}
+    consumed = 0
+    if failing == "refused token":
+        real = GrammarMatcher.consume
+
+        def refuse_the_fifth(self: GrammarMatcher, token: int) -> None:
+            nonlocal consumed
+            consumed += 1
+            if consumed == 5:
+                raise RuntimeError(f"the grammar refused token {token}: injected")
+            real(self, token)
+
+        monkeypatch.setattr(GrammarMatcher, "consume", refuse_the_fifth)
     try:
         for rid, tokens in free.items():
-            submit(engine, got, rid, tokens, max_tokens=40)
+            submit(engine, got, rid, tokens, max_tokens=60)
         wait_until(lambda: all(len(got.tokens(rid)) >= 2 for rid in free))
-        engine.submit(_request("bad", prompt(6, 43), grammar, max_tokens=300), got.sink)
+        bad = grammar if failing == "refused token" else \
+            engine.grammars.compile(ResponseFormat("json_schema", ENDLESS))
+        engine.submit(_request("bad", prompt(6, 43), bad, max_tokens=300), got.sink)
         got.wait("bad", *free)
         assert engine.alive
     finally:
         engine.stop()
-    assert got.last("bad").finish_reason == "error" and "injected" in got.last("bad").error
-    assert len(got.tokens("bad")) == 4  # the fifth token checked was refused
+    last = got.last("bad")
+    assert last.finish_reason == "error", last
+    assert ("injected" if failing == "refused token" else "Too many items") in last.error
+    if failing == "refused token":
+        assert len(got.tokens("bad")) == 4  # the fifth token taken was refused
     for rid, tokens in free.items():
         assert got.last(rid).finish_reason == "length", got.last(rid).error
         assert got.last_order(rid) > got.last_order("bad"), "it still decoded when bad failed"
         assert got.tokens(rid) == [t for t, _ in generate_step(
-            mx.array(tokens), bundle.model, max_tokens=40)]
+            mx.array(tokens), bundle.model, max_tokens=60)]
+
+
+def test_a_tick_whose_grammar_fails_commits_nothing(bundle: ModelBundle, grammar: Grammar,
+                                                    monkeypatch) -> None:
+    # Two constrained prompts end in one tick beside a decode row, and the second's first token
+    # is refused: the tick raises naming it, and nothing moved (no prompt counted as
+    # prefilled, no token taken, the first prompt's matcher rolled back), so the same tick run
+    # again gives what it gives on an executor that never failed. Rows committed one by one
+    # once kept the tokens of the rows before the failing one and lost them from the output.
+    def start(ex: Executor) -> None:
+        ex.add(0, prompt(8, 1), SamplingParams(max_tokens=20))
+        ex.prefill(0, 100)
+        for seq_id in (1, 2):
+            ex.add(seq_id, prompt(5 + seq_id, seq_id), SamplingParams(max_tokens=50),
+                   grammar=grammar)
+
+    def ticks(ex: Executor) -> list[dict[int, int]]:
+        out = [ex.run([Slice(1, 100), Slice(2, 100)], [0])]
+        return out + [ex.run([], [0, 1, 2]) for _ in range(6)]
+
+    reference, failing = Executor(bundle), Executor(bundle)
+    start(reference)
+    start(failing)
+    real, taken = GrammarMatcher.consume, []
+
+    def refuse_the_second(self: GrammarMatcher, token: int) -> None:
+        taken.append(token)
+        if len(taken) == 2:
+            raise RuntimeError(f"the grammar refused token {token}: injected")
+        real(self, token)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(GrammarMatcher, "consume", refuse_the_second)
+        with pytest.raises(SequenceFault) as info:
+            failing.run([Slice(1, 100), Slice(2, 100)], [0])
+    assert info.value.seq_id == 2 and len(taken) == 2
+    assert (failing.prompt_left(1), failing.prompt_left(2)) == (6, 7)
+    assert ticks(failing) == ticks(reference)
 
 
 def test_max_tokens_cuts_a_constrained_output_with_length(bundle: ModelBundle,
