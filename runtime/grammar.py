@@ -58,7 +58,8 @@ class GrammarMatcher:
         """Advance by a sampled token; the mask allowed it, so a refusal is the grammar's
         failure (RuntimeError; the matcher is then in an error state)."""
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+            raise RuntimeError(f"the grammar refused token {token}: "
+                               f"{_readable(self._matcher.get_error())}")
 
     def rollback(self) -> None:
         """Undo the last `consume`."""
@@ -73,7 +74,7 @@ class GrammarMatcher:
     def check(self) -> None:
         """Raise if the matcher is in an error state (it could not compute a mask)."""
         if self._matcher.is_error():
-            raise RuntimeError(f"grammar matcher failed: {self._matcher.get_error()}")
+            raise RuntimeError(f"grammar matcher failed: {_readable(self._matcher.get_error())}")
 
     @property
     def raw(self) -> Any:
@@ -125,7 +126,8 @@ class GrammarCompiler:
         # The first mask builds the lexer: a grammar too large for the engine's limits fails here.
         llg_numpy.fill_next_token_bitmask(matcher, self.allocate(1))
         if matcher.is_error():
-            raise GrammarError(f"`{param}` cannot be enforced: {matcher.get_error()}", param)
+            raise GrammarError(f"`{param}` cannot be enforced: "
+                               f"{_readable(matcher.get_error())}", param)
         return Grammar(source, self, matcher)
 
     def allocate(self, rows: int) -> np.ndarray:
@@ -134,10 +136,37 @@ class GrammarCompiler:
         return llg_numpy.allocate_token_bitmask(rows, self.vocab_size)
 
 
+def _readable(error: str) -> str:
+    # llguidance's error less the parser state and grammar it appends (hundreds of lines, the
+    # client's whole schema among them); its bare "no token can extend the output" named.
+    error = error.split("\n<state>", 1)[0].split("<state>", 1)[0].strip()
+    if error == "NoExtensionBias":
+        return ("no output can start or go on (a $ref cycle with no way out, or a schema no "
+                "value satisfies)")
+    return error
+
+
+def _check_multiple_of(schema: Any, param: str) -> None:
+    # JSON Schema asks `multipleOf` > 0; llguidance refuses 0 but took a negative one as its
+    # absolute value.
+    if isinstance(schema, dict):
+        value = schema.get("multipleOf")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            raise GrammarError(f"`{param}`: multipleOf must be greater than 0, got {value}",
+                               param)
+        for key, child in schema.items():
+            if key not in ("enum", "const", "default", "examples"):
+                _check_multiple_of(child, param)
+    elif isinstance(schema, list):
+        for child in schema:
+            _check_multiple_of(child, param)
+
+
 def _schema_grammar(schema: dict[str, Any], param: str) -> str:
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
                            param)
+    _check_multiple_of(schema, param)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE))
     except ValueError as exc:

@@ -48,6 +48,28 @@ def test_a_schema_llguidance_refuses_is_an_error_naming_the_field_and_the_proble
     assert PARAM in str(info.value) and says in str(info.value)
 
 
+def test_a_schema_with_no_way_out_is_refused_in_words(compiler: GrammarCompiler) -> None:
+    # A $ref cycle with no base case: llguidance's bare "NoExtensionBias" came with its parser
+    # state and the client's schema, hundreds of lines.
+    cycle = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    with pytest.raises(GrammarError) as info:
+        compiler.compile(ResponseFormat("json_schema", cycle))
+    assert str(info.value).endswith("no output can start or go on (a $ref cycle with no way "
+                                    "out, or a schema no value satisfies)")
+
+
+def test_multiple_of_must_be_positive(compiler: GrammarCompiler) -> None:
+    # JSON Schema's rule; llguidance refuses 0 but took -2 as 2.
+    for schema in ({"type": "number", "multipleOf": -2},
+                   {"type": "object", "properties": {"n": {"multipleOf": -0.5}}}):
+        with pytest.raises(GrammarError, match="multipleOf must be greater than 0, got -"):
+            compiler.compile(ResponseFormat("json_schema", schema))
+    # A property named multipleOf, and one in an enum's values, are no keyword.
+    compiler.compile(ResponseFormat("json_schema", {
+        "type": "object", "properties": {"multipleOf": {"type": "integer"}}}))
+    compiler.compile(ResponseFormat("json_schema", {"enum": [{"multipleOf": -1}]}))
+
+
 def test_a_schema_too_long_is_refused_before_compiling(compiler: GrammarCompiler) -> None:
     huge = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20000)}}
     with pytest.raises(GrammarError, match="longer than"):
