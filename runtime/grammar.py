@@ -138,12 +138,8 @@ class GrammarCompiler:
 
 def _readable(error: str) -> str:
     # llguidance's error less the parser state and grammar it appends (hundreds of lines, the
-    # client's whole schema among them); its bare "no token can extend the output" named.
-    error = error.split("\n<state>", 1)[0].split("<state>", 1)[0].strip()
-    if error == "NoExtensionBias":
-        return ("no output can start or go on (a $ref cycle with no way out, or a schema no "
-                "value satisfies)")
-    return error
+    # client's whole schema among them).
+    return error.split("<state>", 1)[0].strip()
 
 
 def _check_multiple_of(schema: Any, param: str) -> None:
@@ -162,11 +158,91 @@ def _check_multiple_of(schema: Any, param: str) -> None:
             _check_multiple_of(child, param)
 
 
+def _check_finite(schema: dict[str, Any], param: str) -> None:
+    # A schema whose every value must hold another value of itself (a required property, or
+    # minItems, through a $ref back to it) admits no finite value: llguidance compiles it and
+    # fails mid-output ("Too many items"). Least fixpoint over the $ref targets: a target has a
+    # finite value once one is found for it with what is known of the others.
+    refs = sorted(set(_refs(schema)))
+    finite = dict.fromkeys(refs, False)
+    changed = True
+    while changed:
+        changed = False
+        for ref in refs:
+            target = _resolve(schema, ref)
+            if not finite[ref] and (target is None or _finite(target, finite)):
+                finite[ref] = changed = True
+    if not _finite(schema, finite):
+        raise GrammarError(f"`{param}` admits no finite value: a required property or minItems "
+                           "leads back through a $ref to where it started, with no way out",
+                           param)
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for key, child in node.items()
+                      if key not in ("enum", "const", "default", "examples")
+                      for r in _refs(child)]
+    if isinstance(node, list):
+        return [r for child in node for r in _refs(child)]
+    return []
+
+
+def _resolve(root: dict[str, Any], ref: str) -> Any:
+    # A local JSON pointer ("#", "#/$defs/a"); None for one this check cannot follow.
+    if not ref.startswith("#"):
+        return None
+    node: Any = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _finite(node: Any, finite: dict[str, bool]) -> bool:
+    # Whether `node` admits a finite value, $refs judged by `finite`.
+    if node is False:
+        return False
+    if not isinstance(node, dict):
+        return True
+    if isinstance(node.get("$ref"), str) and not finite.get(node["$ref"], True):
+        return False
+    if not all(_finite(s, finite) for s in node.get("allOf", [])):
+        return False
+    for key in ("anyOf", "oneOf"):
+        if node.get(key) and not any(_finite(s, finite) for s in node[key]):
+            return False
+    if "const" in node or "enum" in node:
+        return True
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds] if kinds else \
+        ["object"] if "required" in node else ["array"] if node.get("minItems") else [None]
+    return any(_finite_as(kind, node, finite) for kind in kinds)
+
+
+def _finite_as(kind: Any, node: dict[str, Any], finite: dict[str, bool]) -> bool:
+    if kind == "object":
+        properties, other = node.get("properties", {}), node.get("additionalProperties", True)
+        return all(_finite(properties.get(name, other), finite)
+                   for name in node.get("required", []) if isinstance(name, str))
+    if kind == "array":
+        prefix, items = node.get("prefixItems", []), node.get("items", True)
+        least = node.get("minItems", 0)
+        least = least if isinstance(least, int) else 0
+        return all(_finite(prefix[i] if i < len(prefix) else items, finite)
+                   for i in range(min(least, len(prefix) + 1)))
+    return True
+
+
 def _schema_grammar(schema: dict[str, Any], param: str) -> str:
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
                            param)
     _check_multiple_of(schema, param)
+    _check_finite(schema, param)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE))
     except ValueError as exc:

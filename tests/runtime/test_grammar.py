@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from runtime import grammar as grammar_module
 from runtime.grammar import (
     GrammarCompiler,
     GrammarError,
@@ -48,14 +49,46 @@ def test_a_schema_llguidance_refuses_is_an_error_naming_the_field_and_the_proble
     assert PARAM in str(info.value) and says in str(info.value)
 
 
-def test_a_schema_with_no_way_out_is_refused_in_words(compiler: GrammarCompiler) -> None:
-    # A $ref cycle with no base case: llguidance's bare "NoExtensionBias" came with its parser
-    # state and the client's schema, hundreds of lines.
-    cycle = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
-    with pytest.raises(GrammarError) as info:
-        compiler.compile(ResponseFormat("json_schema", cycle))
-    assert str(info.value).endswith("no output can start or go on (a $ref cycle with no way "
-                                    "out, or a schema no value satisfies)")
+def test_a_grammar_error_is_told_without_the_parser_state_and_grammar() -> None:
+    # As llguidance words a matcher's failure: the state and the grammar (the client's whole
+    # schema) came after it, hundreds of lines, into the client's error message.
+    error = ('parser error: Too many items (limit 50000; ff_tokens)\n<state>\nTokens: ⟦{⟧\n'
+             '</state><grammar>\n{"grammars":[{"json_schema":{"type":"object"}}]}\n</grammar>')
+    assert grammar_module._readable(error) == "parser error: Too many items (limit 50000; " \
+        "ff_tokens)"
+
+
+NODE = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"n": NODE}, "$ref": "#/$defs/n"},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"$ref": "#/$defs/n"}},
+     "required": ["a", "b"], "$defs": {"n": NODE}},
+    {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    {"$defs": {"t": {"type": "object", "required": ["kids"], "properties": {"kids": {
+        "type": "array", "minItems": 1, "items": {"$ref": "#/$defs/t"}}}}}, "$ref": "#/$defs/t"},
+    {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},  # a cycle and nothing else
+])
+def test_a_schema_no_finite_value_satisfies_is_refused(compiler: GrammarCompiler,
+                                                       schema: dict[str, object]) -> None:
+    # llguidance compiled these, then failed mid-output ("Too many items"): a 500.
+    with pytest.raises(GrammarError, match="admits no finite value"):
+        compiler.compile(ResponseFormat("json_schema", schema))
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"n": {**NODE, "required": []}}, "$ref": "#/$defs/n"},
+    {"type": "object", "properties": {"x": {"$ref": "#"}}},
+    {"$defs": {"t": {"type": "object", "required": ["kids"], "properties": {"kids": {
+        "type": "array", "items": {"$ref": "#/$defs/t"}}}}}, "$ref": "#/$defs/t"},
+    {"$defs": {"l": {"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["next"], "properties": {"next": {"$ref": "#/$defs/l"}}}]}},
+     "$ref": "#/$defs/l"},
+])
+def test_recursive_schemas_with_a_way_out_compile(compiler: GrammarCompiler,
+                                                  schema: dict[str, object]) -> None:
+    compiler.compile(ResponseFormat("json_schema", schema))
 
 
 def test_multiple_of_must_be_positive(compiler: GrammarCompiler) -> None:

@@ -82,55 +82,41 @@ def test_constrained_and_free_rows_share_the_batch(bundle: ModelBundle) -> None:
     assert len({got.text(rid) for rid in constrained}) == len(constrained)
 
 
-# A schema no finite value satisfies ("b" must hold a "c", which must hold a "c", ...): its
-# grammar compiles, then fails a few tokens into "b" (llguidance's "Too many items").
-ENDLESS = {"type": "object", "properties": {
-    "a": {"type": "string", "minLength": 8, "maxLength": 8},
-    "b": {"$ref": "#/$defs/n"}}, "required": ["a", "b"], "additionalProperties": False,
-    "$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
-                    "required": ["c"], "additionalProperties": False}}}
-
-
-@pytest.mark.parametrize("failing", ["endless schema", "refused token"])
+@pytest.mark.parametrize("failing", ["mask", "token"])
 def test_a_row_whose_grammar_fails_fails_alone(bundle: ModelBundle, grammar: Grammar,
                                                failing: str, monkeypatch) -> None:
-    # A grammar that fails mid-output (a schema whose recursion never ends; a token refused,
-    # injected) fails that request only: the rows beside it step again without it, and every
-    # token they were sampled is published, the model's own; the constrained prompt that
-    # starts beside it gets its first token too. The failure once failed every row (and told
-    # them the failing request's schema), and rows committed before the failing one lost their
-    # token.
+    # A grammar that fails mid-output, computing its mask or taking its token (llguidance's
+    # parser gave up: injected here, as a schema whose recursion never ended once did it),
+    # fails that request only: the rows beside it step again without it, and every token they
+    # were sampled is published, the model's own. The failure once failed every row (and told
+    # them the failing request's schema).
     engine, got = Engine(EngineConfig(max_running=8), bundle), Collector()
     engine.start()
     free = {"free-1": prompt(9, 41), "free-2": prompt(17, 42)}
-    consumed = 0
-    if failing == "refused token":
-        real = GrammarMatcher.consume
+    calls = 0
+    name = "check" if failing == "mask" else "consume"
+    real = getattr(GrammarMatcher, name)
 
-        def refuse_the_fifth(self: GrammarMatcher, token: int) -> None:
-            nonlocal consumed
-            consumed += 1
-            if consumed == 5:
-                raise RuntimeError(f"the grammar refused token {token}: injected")
-            real(self, token)
+    def fail_the_fifth(self: GrammarMatcher, *token: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise RuntimeError("parser error: Too many items (injected)")
+        real(self, *token)
 
-        monkeypatch.setattr(GrammarMatcher, "consume", refuse_the_fifth)
+    monkeypatch.setattr(GrammarMatcher, name, fail_the_fifth)
     try:
         for rid, tokens in free.items():
             submit(engine, got, rid, tokens, max_tokens=60)
         wait_until(lambda: all(len(got.tokens(rid)) >= 2 for rid in free))
-        bad = grammar if failing == "refused token" else \
-            engine.grammars.compile(ResponseFormat("json_schema", ENDLESS))
-        engine.submit(_request("bad", prompt(6, 43), bad, max_tokens=300), got.sink)
+        engine.submit(_request("bad", prompt(6, 43), grammar, max_tokens=300), got.sink)
         got.wait("bad", *free)
         assert engine.alive
     finally:
         engine.stop()
     last = got.last("bad")
-    assert last.finish_reason == "error", last
-    assert ("injected" if failing == "refused token" else "Too many items") in last.error
-    if failing == "refused token":
-        assert len(got.tokens("bad")) == 4  # the fifth token taken was refused
+    assert last.finish_reason == "error" and "Too many items (injected)" in last.error, last
+    assert len(got.tokens("bad")) == 4  # the fifth mask or token failed
     for rid, tokens in free.items():
         assert got.last(rid).finish_reason == "length", got.last(rid).error
         assert got.last_order(rid) > got.last_order("bad"), "it still decoded when bad failed"
