@@ -405,11 +405,10 @@ class Engine:
         pieces = [([w], []) for w in prefills] + ([([], decode)] if decode else [])
         tokens: dict[int, int] = {}
         for slices, rows in pieces:
-            error: Exception | None = exc
-            if len(pieces) > 1:  # else the tick was this one piece, and it failed already
-                error = self._try_run(slices, rows, tokens)
-            # A decode row the executor names as the fault (its grammar refused its token)
-            # fails alone; the other rows step again without it.
+            # A lone piece was the whole tick: it failed already.
+            error = exc if len(pieces) == 1 else self._try_run(slices, rows, tokens)
+            # A decode row the executor names as the fault (its grammar failed) fails alone;
+            # the other rows step again without it.
             while isinstance(error, SequenceFault) and error.seq_id in rows:
                 self._fail(error.seq_id, error)
                 rows = [seq_id for seq_id in rows if seq_id != error.seq_id]

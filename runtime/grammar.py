@@ -14,7 +14,7 @@ through `compile_lark` (server/tool_calls.py writes the grammar). Why llguidance
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,20 +142,27 @@ def _readable(error: str) -> str:
     return error.split("<state>", 1)[0].strip()
 
 
-def _check_multiple_of(schema: Any, param: str) -> None:
+def _nodes(node: Any) -> Iterator[dict[str, Any]]:
+    # Every object in a schema's tree but those inside values (enum, const, default,
+    # examples), where a key such as "multipleOf" or "$ref" is data, not a keyword.
+    if isinstance(node, dict):
+        yield node
+        for key, child in node.items():
+            if key not in ("enum", "const", "default", "examples"):
+                yield from _nodes(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _nodes(child)
+
+
+def _check_multiple_of(schema: dict[str, Any], param: str) -> None:
     # JSON Schema asks `multipleOf` > 0; llguidance refuses 0 but took a negative one as its
     # absolute value.
-    if isinstance(schema, dict):
-        value = schema.get("multipleOf")
+    for node in _nodes(schema):
+        value = node.get("multipleOf")
         if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
             raise GrammarError(f"`{param}`: multipleOf must be greater than 0, got {value}",
                                param)
-        for key, child in schema.items():
-            if key not in ("enum", "const", "default", "examples"):
-                _check_multiple_of(child, param)
-    elif isinstance(schema, list):
-        for child in schema:
-            _check_multiple_of(child, param)
 
 
 def _check_finite(schema: dict[str, Any], param: str) -> None:
@@ -163,7 +170,7 @@ def _check_finite(schema: dict[str, Any], param: str) -> None:
     # minItems, through a $ref back to it) admits no finite value: llguidance compiles it and
     # fails mid-output ("Too many items"). Least fixpoint over the $ref targets: a target has a
     # finite value once one is found for it with what is known of the others.
-    refs = sorted(set(_refs(schema)))
+    refs = sorted({n["$ref"] for n in _nodes(schema) if isinstance(n.get("$ref"), str)})
     finite = dict.fromkeys(refs, False)
     changed = True
     while changed:
@@ -176,17 +183,6 @@ def _check_finite(schema: dict[str, Any], param: str) -> None:
         raise GrammarError(f"`{param}` admits no finite value: a required property or minItems "
                            "leads back through a $ref to where it started, with no way out",
                            param)
-
-
-def _refs(node: Any) -> list[str]:
-    if isinstance(node, dict):
-        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-        return own + [r for key, child in node.items()
-                      if key not in ("enum", "const", "default", "examples")
-                      for r in _refs(child)]
-    if isinstance(node, list):
-        return [r for child in node for r in _refs(child)]
-    return []
 
 
 def _resolve(root: dict[str, Any], ref: str) -> Any:
@@ -286,8 +282,8 @@ def token_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> 
 
 
 class MatcherError(RuntimeError):
-    """Row `row`'s matcher could not compute its mask (`token_masks`): its grammar failed (a
-    schema llguidance cannot finish, e.g. one whose recursion never ends)."""
+    """Row `row`'s matcher could not compute its mask (`token_masks`): llguidance's parser gave
+    up on its grammar (e.g. "Too many items")."""
 
     def __init__(self, row: int, cause: Exception) -> None:
         super().__init__(str(cause))
