@@ -134,7 +134,9 @@ def parse_serve_args(argv: Sequence[str], prog: str,
     those `add_flags(parser)` adds), or the exit status after printing what was wrong."""
     from server.policy_flags import add_policy_flags, resolve_policy_params
     from statemachine.lifecycle import load_lifecycle
+    from statemachine.scheduler import require_kv_roles
     from statemachine.spec import SpecError, load_policy
+    from statemachine.tick import make_policy
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--policy", default=os.environ.get(POLICY_ENV, "default"))
@@ -161,7 +163,7 @@ def parse_serve_args(argv: Sequence[str], prog: str,
         print(f"{prog}: invalid policy spec: {exc}", file=sys.stderr)
         return 2
     try:
-        load_lifecycle(known.lifecycle)
+        life = load_lifecycle(known.lifecycle)
     except SpecError as exc:
         print(f"{prog}: invalid lifecycle spec: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +177,11 @@ def parse_serve_args(argv: Sequence[str], prog: str,
         config = make_server_config(args, params)
     except ValueError as exc:
         print(f"{prog}: {_named_by_flag(parser, str(exc))}", file=sys.stderr)
+        return 2
+    try:  # the server always has a KV budget: its policy's kv_full needs its states
+        require_kv_roles(life, make_policy(spec, params))
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     return config, args, blas
 
@@ -364,6 +371,9 @@ def trace_main(argv: Sequence[str]) -> int:
     p.add_argument("--file", metavar="JSONL", default=None,
                    help="read trace JSON lines (or `fairtick check` output) from a file "
                    "instead of --url")
+    p.add_argument("--lifecycle", metavar="PATH", default=None,
+                   help="--png: the lifecycle spec the trace ran under, whose roles colour its "
+                   "states (default specs/lifecycle.yaml)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
                    help=f"sent as a bearer token, for a server started with "
                    f"--api-key-protect-ops (env {API_KEY_ENV})")
@@ -403,9 +413,17 @@ def trace_main(argv: Sequence[str]) -> int:
         return 0
     if args.png is not None:
         from server.trace_png import trace_end_tick, write_trace_png
+        from statemachine.lifecycle import load_lifecycle
+        from statemachine.spec import SpecError
 
+        try:
+            life = load_lifecycle(args.lifecycle)
+        except SpecError as exc:
+            print(f"fairtick trace: invalid lifecycle spec: {exc}", file=sys.stderr)
+            return 2
         end_tick = trace_end_tick(args.file, args.url)
-        return write_trace_png(text, args.png, args.file or args.url, end_tick, args.ticks)
+        return write_trace_png(text, args.png, args.file or args.url, end_tick, args.ticks,
+                               life)
     if args.json:
         sys.stdout.write(text)
         return 0

@@ -30,6 +30,8 @@ ROLE_COLOURS = {
     Role.ABORTED: "#de2d26",
 }
 TERMINAL_ROLES = (Role.FINISHED, Role.ABORTED)
+# For a state the lifecycle given does not name (a trace of a server that ran another one).
+OTHER_COLOURS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#9467bd")
 # Triggers recorded after the tick's work: the new state begins with the next tick.
 AFTER_WORK = (Trigger.CHUNK_DONE.value, Trigger.FINISH.value)
 WIDTH_PX, DPI, MAX_LANES, LEGEND_PX = 1200, 100, 64, 30
@@ -140,10 +142,13 @@ def figure_size_px(num_lanes: int) -> tuple[int, int]:
 
 
 def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None = None,
-               end_tick: int | None = None, by_tick: bool = False) -> tuple[int, int]:
+               end_tick: int | None = None, by_tick: bool = False,
+               life: Lifecycle | None = None) -> tuple[int, int]:
     """Draw `events` to a PNG at `path` (x axis in seconds, or in ticks with `by_tick` or when
-    the events have no times); returns its (width, height) in pixels. With more than MAX_LANES
-    sequences, the most recent ones are drawn."""
+    the events have no times), states coloured by their role in `life` (default:
+    specs/lifecycle.yaml; a state it does not name gets a colour of its own); returns its
+    (width, height) in pixels. With more than MAX_LANES sequences, the most recent ones are
+    drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,9 +157,12 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     from matplotlib.ticker import MaxNLocator
 
     by_tick = by_tick or not has_times(events)
-    spans = lane_spans(events, end_tick) if by_tick else time_spans(events)
+    spans = lane_spans(events, end_tick, life) if by_tick else time_spans(events, life)
     drawn = {s.state for s in spans}
-    colours = {state: c for state, c in state_colours().items() if state in drawn}
+    colours = {state: c for state, c in state_colours(life).items() if state in drawn}
+    others = sorted(drawn - set(colours))
+    colours.update(zip(others, [OTHER_COLOURS[i % len(OTHER_COLOURS)]
+                                for i in range(len(others))], strict=True))
     seqs = sorted({s.seq for s in spans})
     shown = seqs[-MAX_LANES:]
     lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
@@ -228,8 +236,9 @@ def current_tick(url: str) -> int | None:
 
 
 def write_trace_png(text: str, png: str, source: str, end_tick: int | None = None,
-                    by_tick: bool = False) -> int:
-    """`fairtick trace --png`: draw the first trace in `text`; the exit status."""
+                    by_tick: bool = False, life: Lifecycle | None = None) -> int:
+    """`fairtick trace --png`: draw the first trace in `text` (`life`: the lifecycle it ran
+    under); the exit status."""
     traces = parse_trace_lines(text)
     if not traces:
         print(f"fairtick trace: no trace events in {source}", file=sys.stderr)
@@ -238,6 +247,6 @@ def write_trace_png(text: str, png: str, source: str, end_tick: int | None = Non
     last = max(end_tick or 0, max(e["tick"] for e in events))
     title = f"fairtick trace of {source}: {len({e['seq'] for e in events})} sequences, " \
         f"ticks {events[0]['tick']}..{last}"
-    width, height = render_png(events, png, title, end_tick, by_tick)
+    width, height = render_png(events, png, title, end_tick, by_tick, life)
     print(f"wrote {png} ({width}x{height}, {len(events)} events)")
     return 0

@@ -9,9 +9,11 @@ import json
 import re
 
 import pytest
+import yaml
 
 from server.cli import main as fairtick
 from server.trace_png import MAX_LANES, Span, lane_spans
+from statemachine.lifecycle import DEFAULT_LIFECYCLE
 from tests.lifecycle_names import (
     ADMIT,
     CHUNK_DONE,
@@ -146,3 +148,34 @@ def test_png_draws_paused_and_preempted_lanes(tmp_path):
     assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
     assert png_lanes(png) == [[PREFILLING, DECODING, PAUSED, DECODING],
                               [PARKED, PREFILLING, DECODING, PREEMPTED, PARKED]]
+
+
+def test_png_of_a_renamed_lifecycle_colours_its_states_by_role(tmp_path, capsys):
+    # A server run with renamed states (only the trace's words change) made --png fail with a
+    # traceback: no state had a colour, and the empty legend raised. --lifecycle names the file
+    # the trace ran under; without it, states the default file does not name get colours of
+    # their own.
+    doc = yaml.safe_load(DEFAULT_LIFECYCLE.read_text())
+    new = {name: f"zz_{name}" for name in doc["states"]}
+
+    def one(x):
+        return [new[s] for s in x] if isinstance(x, list) else new[x]
+
+    doc = {**doc, "states": {new[k]: v for k, v in doc["states"].items()},
+           "transitions": [{**t, "source": one(t["source"]), "dest": one(t["dest"])}
+                           for t in doc["transitions"]]}
+    life = tmp_path / "renamed.yaml"
+    life.write_text(yaml.safe_dump(doc, sort_keys=False))
+    events = [(0, WAITING, PARKED, ADMIT, 0), (0, WAITING, PARKED, ADMIT, 1),
+              (0, PARKED, PREFILLING, GRANT, 0), (0, PREFILLING, DECODING, CHUNK_DONE, 0)]
+    source = tmp_path / "trace.jsonl"
+    source.write_text("".join(json.dumps({"tick": t, "time": None, "seq": s, "from": new[a],
+                                          "to": new[b], "trigger": trig, "rule": "r"}) + "\n"
+                              for t, a, b, trig, s in events))
+    png = tmp_path / "renamed.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(png),
+                     "--lifecycle", str(life)]) == 0
+    assert png_lanes(png) == [[PREFILLING, DECODING], [PARKED]]  # drawn in their roles' colours
+    other = tmp_path / "default.png"
+    assert fairtick(["trace", "--file", str(source), "--png", str(other)]) == 0
+    assert "wrote" in capsys.readouterr().out and other.stat().st_size > 0

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from sanic import Sanic
 
 from runtime.blas import BLAS_ENV, load_blas
@@ -19,6 +20,7 @@ from server.config import ServerConfig
 from server.logs import LOG_LEVEL_ENV
 from server.policy_flags import flag_dest, resolve_policy_params
 from server.validation import DEFAULT_CHAT_MAX_TOKENS
+from statemachine.lifecycle import DEFAULT_LIFECYCLE
 from statemachine.spec import load_policy
 from tests.lifecycle_names import ADMIT, FINISHED
 from tests.server.http_helpers import post
@@ -59,6 +61,27 @@ def test_an_invalid_policy_spec_refuses_to_start(tmp_path, capsys):
     assert main(["serve", "--policy", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "invalid policy spec" in err and "bad.yaml" in err and "rules" in err
+
+
+def test_a_lifecycle_without_the_states_the_policy_needs_refuses_to_start(tmp_path, capsys):
+    # The default policy recomputes a preempted sequence (kv_full: recompute), and the server
+    # always has a KV budget: a lifecycle with no preempted state ended start-up in a traceback
+    # and exit 1, after the port was bound and the model loaded.
+    doc = yaml.safe_load(DEFAULT_LIFECYCLE.read_text())
+    gone = next(name for name, state in doc["states"].items() if state["role"] == "preempted")
+    doc["states"].pop(gone)
+    edges = []
+    for edge in doc["transitions"]:
+        sources = edge["source"] if isinstance(edge["source"], list) else [edge["source"]]
+        if edge["dest"] != gone and [s for s in sources if s != gone]:
+            edges.append({**edge, "source": [s for s in sources if s != gone]})
+    doc["transitions"] = edges
+    life = tmp_path / "no-preempted.yaml"
+    life.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["serve", "--lifecycle", str(life)]) == 2
+    err = capsys.readouterr().err
+    assert "kv_full: recompute (policy token_budget) needs a state with role preempted" in err
+    assert "Traceback" not in err
 
 
 def test_an_unknown_policy_refuses_to_start(capsys):
