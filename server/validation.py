@@ -136,7 +136,9 @@ def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> di
     if not body.strip():
         raise invalid("request body is empty; send a JSON object", None, code="invalid_json")
     try:
-        text = body.decode("utf-8")
+        # A UTF-8 byte order mark, which JSON parsers may ignore (RFC 8259 8.1) and some
+        # Windows clients send, is ignored.
+        text = body.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise invalid(f"request body is not valid UTF-8 ({exc.reason} at byte {exc.start})",
                       None, code="invalid_encoding") from None

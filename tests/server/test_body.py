@@ -23,6 +23,13 @@ def test_body_too_large_is_413():
     assert err.to_body()["error"]["code"] == "payload_too_large"
 
 
+def test_a_utf8_byte_order_mark_is_ignored():
+    # RFC 8259 lets a parser ignore it, and some Windows clients send it: it was a 400 whose
+    # message told the client to "decode using utf-8-sig".
+    assert parse_body(b'\xef\xbb\xbf{"prompt": "hi"}', "application/json", 1024) == \
+        {"prompt": "hi"}
+
+
 def test_wrong_content_type_is_415():
     expect(parse_body, b"prompt=hi", "application/x-www-form-urlencoded", 1024, status=415,
            match="application/json")
