@@ -59,6 +59,12 @@ async def models(request: Request) -> JSONResponse:
 async def model(request: Request, model_id: str) -> JSONResponse:
     ctx = request.app.ctx
     name = urllib.parse.unquote(model_id)
+    # A trailing slash, which every other route takes: /v1/models/ lists, /v1/models/{id}/ is
+    # the model (a served name may hold a slash, so only one that is not served loses it).
+    if name == "":
+        return await models(request)
+    if name.endswith("/") and name not in ctx.limits.served_names:
+        name = name[:-1]
     check_model_name(name, ctx.limits)
     return json(model_card(name, ctx.limits, ctx.started_at))
 

@@ -47,9 +47,15 @@ def test_models_lists_every_served_name_the_reported_id_first(served, bundle):
     assert {card["max_model_len"] for card in body["data"]} == {bundle.context_length}
 
 
+def test_models_with_a_trailing_slash_lists_them_too(served):
+    # It answered 404: "The model `` does not exist".
+    assert get(served.url, "/v1/models/").json() == get(served.url, "/v1/models").json()
+
+
 @pytest.mark.parametrize("path,name", [("/v1/models/org/fairtick-tiny", NAMES[0]),
                                        ("/v1/models/org%2Ffairtick-tiny", NAMES[0]),
-                                       ("/v1/models/tiny", NAMES[1])])
+                                       ("/v1/models/tiny", NAMES[1]),
+                                       ("/v1/models/tiny/", NAMES[1])])
 def test_a_model_is_retrieved_by_any_served_name(served, bundle, path, name):
     reply = get(served.url, path)
     assert reply.status == 200, reply.body
