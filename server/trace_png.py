@@ -160,9 +160,8 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
     spans = lane_spans(events, end_tick, life) if by_tick else time_spans(events, life)
     drawn = {s.state for s in spans}
     colours = {state: c for state, c in state_colours(life).items() if state in drawn}
-    others = sorted(drawn - set(colours))
-    colours.update(zip(others, [OTHER_COLOURS[i % len(OTHER_COLOURS)]
-                                for i in range(len(others))], strict=True))
+    colours.update({state: OTHER_COLOURS[i % len(OTHER_COLOURS)]
+                    for i, state in enumerate(sorted(drawn - set(colours)))})
     seqs = sorted({s.seq for s in spans})
     shown = seqs[-MAX_LANES:]
     lane_of = {seq: i for i, seq in enumerate(reversed(shown))}  # first sequence on top
