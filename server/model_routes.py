@@ -136,7 +136,7 @@ def _read_body(request: Request, model: type[Body]) -> tuple[Body, list[str]]:
     unknown fields it sent (ignored, logged)."""
     ctx = request.app.ctx
     data = parse_body(request.body, request.headers.get("content-type"),
-                      ctx.config.max_body_bytes)
+                      ctx.config.max_body_bytes, request.headers.get("content-encoding"))
     body = read_body(model, data, ctx.limits.context)
     name = declared(body, "model")
     if name is not None:

@@ -59,7 +59,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     if ctx.draining:
         raise engine_unavailable("the server is shutting down")
     body = parse_body(request.body, request.headers.get("content-type"),
-                      ctx.config.max_body_bytes)
+                      ctx.config.max_body_bytes, request.headers.get("content-encoding"))
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     grammar = await _compile_grammar(ctx.engine, valid)
     header = fmt.make_header(kind, ctx.limits.name, valid.include_usage)

@@ -123,8 +123,13 @@ class ValidRequest:
         return self.prompts[0].sampling
 
 
-def parse_body(body: bytes, content_type: str | None, max_body_bytes: int) -> dict[str, Any]:
+def parse_body(body: bytes, content_type: str | None, max_body_bytes: int,
+               content_encoding: str | None = None) -> dict[str, Any]:
     """Decode a request body into a JSON object, or raise a 4xx `ApiError` saying what is wrong."""
+    coding = (content_encoding or "identity").strip().lower()
+    if coding != "identity":  # a compressed body read as JSON gave a misleading 400
+        raise ApiError(415, f"Content-Encoding {coding!r} is not supported: send the body "
+                       "uncompressed", code="unsupported_media_type")
     if len(body) > max_body_bytes:
         raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_body_bytes} "
                        "(--max-body-bytes)",

@@ -30,6 +30,16 @@ def test_a_utf8_byte_order_mark_is_ignored():
         {"prompt": "hi"}
 
 
+@pytest.mark.parametrize("coding", ["gzip", "br", " GZIP "])
+def test_a_compressed_body_is_415(coding):
+    # A gzip body was read as JSON (400 "not valid UTF-8") and a plain one labelled br was
+    # taken: the server decodes no content coding.
+    expect(parse_body, b'{"prompt": "hi"}', "application/json", 1024, coding,
+           status=415, match="send the body uncompressed")
+    assert parse_body(b'{"prompt": "hi"}', "application/json", 1024, "identity") == \
+        {"prompt": "hi"}
+
+
 def test_wrong_content_type_is_415():
     expect(parse_body, b"prompt=hi", "application/x-www-form-urlencoded", 1024, status=415,
            match="application/json")

@@ -9,6 +9,7 @@ wait for the state they need (/debug/state, the trace), never for time to pass.
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -370,6 +371,13 @@ def test_finished_requests_are_not_aborted(served):
 def test_routing_errors_are_openai_json(served, method, path, status):
     reply = request(served.url, method, path)
     assert reply.status == status and reply.error()["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+def test_a_gzip_body_is_415_naming_the_coding(served, path):
+    reply = post(served.url, path, raw=gzip.compress(b'{"prompt": "hi", "max_tokens": 1}'),
+                 headers={"Content-Encoding": "gzip"})
+    assert reply.status == 415 and "'gzip' is not supported" in reply.error()["message"]
 
 
 def test_body_over_the_server_limit_is_413_json(served):
