@@ -29,7 +29,7 @@ from server.ops_routes import GET_METHODS
 from server.prompts import TokenizerEncoder
 from server.tool_request import chat_inputs, read_tool_request
 from server.unimplemented import declared, refuse_unimplemented
-from server.validation import ModelLimits, check_model_name, parse_body
+from server.validation import ModelLimits, check_model_name, parse_request_body
 
 
 def make_model_blueprint() -> Blueprint:
@@ -135,8 +135,7 @@ def _read_body(request: Request, model: type[Body]) -> tuple[Body, list[str]]:
     """The JSON body as `model`, its `model` field (if any) one of the served names, and the
     unknown fields it sent (ignored, logged)."""
     ctx = request.app.ctx
-    data = parse_body(request.body, request.headers.get("content-type"),
-                      ctx.config.max_body_bytes, request.headers.get("content-encoding"))
+    data = parse_request_body(request)
     body = read_body(model, data, ctx.limits.context)
     name = declared(body, "model")
     if name is not None:

@@ -30,7 +30,7 @@ from server.logprobs_format import ChoiceLogprobs, choice_logprobs
 from server.response_format import compile_off_loop, compile_response_format
 from server.streams import EventStream, engine_unavailable
 from server.tool_calls import ToolCall, ToolCallStream, compile_tool_calls, parse_tool_calls
-from server.validation import Kind, ValidRequest, parse_body, validate_request
+from server.validation import Kind, ValidRequest, parse_request_body, validate_request
 
 if TYPE_CHECKING:
     from runtime.grammar import Grammar
@@ -58,8 +58,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     ctx = request.app.ctx
     if ctx.draining:
         raise engine_unavailable("the server is shutting down")
-    body = parse_body(request.body, request.headers.get("content-type"),
-                      ctx.config.max_body_bytes, request.headers.get("content-encoding"))
+    body = parse_request_body(request)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     grammar = await _compile_grammar(ctx.engine, valid)
     header = fmt.make_header(kind, ctx.limits.name, valid.include_usage)

@@ -123,6 +123,13 @@ class ValidRequest:
         return self.prompts[0].sampling
 
 
+def parse_request_body(request: Any) -> dict[str, Any]:
+    """`parse_body` of a Sanic request, under its headers and the server's body limit."""
+    return parse_body(request.body, request.headers.get("content-type"),
+                      request.app.ctx.config.max_body_bytes,
+                      request.headers.get("content-encoding"))
+
+
 def parse_body(body: bytes, content_type: str | None, max_body_bytes: int,
                content_encoding: str | None = None) -> dict[str, Any]:
     """Decode a request body into a JSON object, or raise a 4xx `ApiError` saying what is wrong."""
