@@ -477,7 +477,7 @@ class Engine:
                     live.admitted_s = now_s
                     if live.response.admit(now_s):  # observed once per response
                         self.metrics.queue_time.observe(now_s - live.response.submitted_s)
-                    self.admission.admitted()
+                    self.admission.admitted(now_s)
 
     def _record(self, plan: Plan) -> int:
         """Count the tick in /metrics; returns the KV tokens in use after it."""
