@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -29,8 +29,9 @@ from runtime.api import (
 )
 from runtime.capacity import make_kv_budget
 from runtime.engine_config import EngineConfig
-from runtime.executor import Executor, SequenceFault, SliceWork
+from runtime.executor import Executor
 from runtime.grammar import GrammarCompiler, make_grammar_compiler
+from runtime.isolation import run_isolated
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
@@ -311,23 +312,22 @@ class Engine:
 
     def _execute(self, plan: Plan) -> list[int]:
         # The tick is one executor call (two on a tick that probes the streams' pace: the
-        # decode rows', timed, then the slices'). If it fails, the executor has left every
-        # sequence as it was and the pieces run again apart: a fault in one request's work
-        # fails that request only, a fault in the decode step fails the decode batch.
+        # decode rows', timed, then the slices'), each run so that a fault in one request's
+        # work fails that request only (runtime/isolation.py).
         prefills = [w for w in plan.prefills if w.seq_id in self._live]
         decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
         if self.budget.probe is not None and prefills and decode:
             # The decode rows in a forward of their own, timed, then the slices.
             start = time.perf_counter()
-            tokens = self._run_piece(decode=decode)
+            tokens = run_isolated(self.executor, self._fail, decode=decode)
             if all(seq_id in tokens for seq_id in decode):  # none failed
                 self.budget.observe_probe(time.perf_counter() - start)
             shape, start = self.budget.shape(prefills, []), time.perf_counter()
-            tokens.update(self._run_piece(prefills=prefills))
+            tokens.update(run_isolated(self.executor, self._fail, prefills=prefills))
             if all(w.seq_id in self._live for w in prefills):  # none failed
                 self.budget.observe_probe_slices(shape, time.perf_counter() - start)
         else:
-            tokens = self._run_piece(prefills, decode)
+            tokens = run_isolated(self.executor, self._fail, prefills, decode)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
                                            if w.seq_id in self._live))
         return self._publish(tokens)
@@ -391,41 +391,6 @@ class Engine:
                 self._fail(seq_id, exc)
             return []
         return self._publish(tokens)
-
-    def _run_piece(self, prefills: Sequence[SliceWork] = (),
-                   decode: Sequence[int] = ()) -> dict[int, int]:
-        # One executor call; if it fails, its pieces run again apart (_run_apart).
-        try:
-            return self.executor.run(prefills, decode)
-        except Exception as exc:  # noqa: BLE001
-            return self._run_apart(list(prefills), list(decode), exc)
-
-    def _run_apart(self, prefills: list[SliceWork], decode: list[int],
-                   exc: Exception) -> dict[int, int]:
-        pieces = [([w], []) for w in prefills] + ([([], decode)] if decode else [])
-        tokens: dict[int, int] = {}
-        for slices, rows in pieces:
-            # A lone piece was the whole tick: it failed already.
-            error = exc if len(pieces) == 1 else self._try_run(slices, rows, tokens)
-            # A decode row the executor names as the fault (its grammar failed) fails alone;
-            # the other rows step again without it.
-            while isinstance(error, SequenceFault) and error.seq_id in rows:
-                self._fail(error.seq_id, error)
-                rows = [seq_id for seq_id in rows if seq_id != error.seq_id]
-                error = self._try_run(slices, rows, tokens) if rows else None
-            if error is not None:
-                for seq_id in [w.seq_id for w in slices] + rows:
-                    self._fail(seq_id, error)
-        return tokens
-
-    def _try_run(self, slices: list[SliceWork], rows: list[int],
-                 tokens: dict[int, int]) -> Exception | None:
-        # One executor call whose tokens join `tokens`; the exception it raised, if any.
-        try:
-            tokens.update(self.executor.run(slices, rows))
-        except Exception as exc:  # noqa: BLE001
-            return exc
-        return None
 
     def _fail(self, seq_id: int, exc: BaseException) -> None:
         log.error("request failed in the engine: %r", exc, exc_info=exc)
