@@ -282,8 +282,9 @@ class Checker:
             world = world._replace(seqs=tuple(s._replace(queue=_MARK) if s.observed else s
                                               for s in world.seqs))
         for label, nxt, violations in self.ticks(world, chunk, layout):
-            if not violations:
-                self._observe(report, nxt)
+            # A violating state counts too: "max seen" is then at least the counterexample's
+            # value (its counters may be capped past the bound, never raised).
+            self._observe(report, nxt)
             nkey = self.key(nxt)
             yield label, nkey, violations, None if kept is None else _moved(nxt, nkey)
 

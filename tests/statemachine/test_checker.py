@@ -85,6 +85,7 @@ def test_baseline_starves_a_parked_prompt_forever():
     assert run.lasso is not None  # a cycle the policy can repeat forever
     granted = {e["seq"] for e in run.events if e["trigger"] == "grant"}
     assert run.violations[0].seq not in granted
+    assert report.max_seen["wait_ticks"] >= checker.horizon  # the wait that counts as starving
 
 
 @pytest.mark.parametrize(("base", "claim"), [
@@ -100,6 +101,8 @@ def test_a_claim_one_smaller_than_the_truth_is_caught(variant, base, claim):
     run = replay(checker, labels, chunk)  # the Scheduler itself breaks it, with stable ids
     assert claim in {v.name for v in run.violations}
     assert labels[-1][0] == "tick"
+    # The table's "max seen" is at least the counterexample's value, past the claim.
+    assert report.max_seen[claim] > getattr(checker.bounds(chunk), claim)
 
 
 def test_a_ttft_claim_that_does_not_follow_is_tracked_exactly(variant):
