@@ -110,6 +110,9 @@ def serve_main(argv: Sequence[str]) -> int:
     log.info("attention streams: %s", f"2 (a tick's segments spread over two CPU streams; "
              f"${STREAMS_ENV}=1 for one)" if ATTENTION_STREAMS > 1 else "1")
     app = create_app(config)
+    # One app in this process: Sanic's TouchUp may rewrite its classes (create_app turns it off
+    # for processes that make several). Without it every response carried an empty `alt-svc:`.
+    app.config.TOUCHUP = True
     app.run(sock=sock, backlog=config.listen_backlog, single_process=True, motd=False,
             access_log=config.access_log)
     return 0

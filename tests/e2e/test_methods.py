@@ -73,3 +73,12 @@ def test_a_post_route_refuses_get_and_head_naming_post(server, method, path):
 def test_a_read_route_refuses_post_naming_get_and_head(server, path):
     status, headers, _ = exchange(server.url, "POST", path)
     assert status == 405 and set(headers["allow"].split(", ")) == {"GET", "HEAD"}, headers
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("GET", "/health"),
+                                              ("POST", "/v1/models")])
+def test_no_header_is_sent_empty(server, method, path):
+    # Sanic wrote `alt-svc:` with no value (not valid Alt-Svc, RFC 7838) on every response
+    # unless its TouchUp ran; `fairtick serve` runs it.
+    _, headers, _ = exchange(server.url, method, path)
+    assert "alt-svc" not in headers and all(headers.values()), headers
