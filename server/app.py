@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.metadata
 import itertools
 import logging
 import re
@@ -28,7 +29,8 @@ from sanic.response import JSONResponse, json
 from server.access import install_access
 from server.config import ServerConfig
 from server.errors import ApiError
-from server.model_routes import make_model_blueprint
+from server.model_routes import make_model_blueprint, package_version
+from server.openai_format import system_fingerprint
 from server.openai_routes import make_openai_blueprint
 from server.ops_routes import make_ops_blueprint
 from server.prompts import TokenizerEncoder
@@ -56,6 +58,7 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.ctx.config = config
     app.ctx.engine = engine
     app.ctx.draining = False
+    app.ctx.fingerprint = None  # system_fingerprint, once the engine's model is known
     app.ctx.started_at = int(time.time())
     app.blueprint(make_openai_blueprint())
     app.blueprint(make_model_blueprint())
@@ -115,11 +118,21 @@ async def _start_engine(app: Sanic) -> None:
     gc.freeze()
     app.ctx.limits = model_limits(engine.bundle, app.ctx.config, engine.kv.tokens)
     app.ctx.encoder = TokenizerEncoder(engine.bundle.tokenizer)
+    app.ctx.fingerprint = system_fingerprint(package_version(), engine.bundle.name,
+                                             importlib.metadata.version("mlx"), _blas_config())
     log.info("KV budget: %s; up to %d sequences running", engine.kv.describe(),
              engine.layout.max_running)
     params = " ".join(f"{name}={value:g}" for name, value in sorted(engine.params.items()))
     log.info("serving %s with policy %s (%s)", " = ".join(app.ctx.limits.served_names),
              engine.policy.name, params or "no parameters")
+
+
+def _blas_config() -> str:
+    # Which BLAS computes the products (their last bits differ between builds); not its path.
+    from runtime.blas import load_blas
+
+    blas = load_blas()
+    return blas.config if blas.optimized else "reference"
 
 
 async def _log_address(app: Sanic) -> None:

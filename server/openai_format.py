@@ -3,6 +3,7 @@ with the tool calls read from the output: `tool_calls` in the message or in delt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -22,12 +23,21 @@ class ResponseHeader:
     created: int
     # stream_options.include_usage: every chunk but the last (the usage chunk) has "usage": null
     include_usage: bool = False
+    fingerprint: str | None = None  # OpenAI's system_fingerprint (`system_fingerprint`)
 
 
-def make_header(kind: str, model: str, include_usage: bool = False) -> ResponseHeader:
+def make_header(kind: str, model: str, include_usage: bool = False,
+                fingerprint: str | None = None) -> ResponseHeader:
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()),
-                          include_usage)
+                          include_usage, fingerprint)
+
+
+def system_fingerprint(*parts: str) -> str:
+    """OpenAI's `system_fingerprint`: "fp_" and a digest of what, besides the request, decides
+    the output (the caller names it: the server's version, the model, MLX and its BLAS), so a
+    client sees when the same request may give other tokens."""
+    return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 def _envelope(header: ResponseHeader, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
     return {"id": header.request_id, "object": obj, "created": header.created,
-            "model": header.model, "choices": choices}
+            "model": header.model, "system_fingerprint": header.fingerprint, "choices": choices}
 
 
 def full_body(header: ResponseHeader, choices: list[Choice],
@@ -81,7 +91,7 @@ def full_body(header: ResponseHeader, choices: list[Choice],
         if header.kind == "completion":
             out.append({**choice, "text": c.text})
             continue
-        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        message: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
         if c.calls:
             message["tool_calls"] = [tool_call(call) for call in c.calls]
         out.append({**choice, "message": message})

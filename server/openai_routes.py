@@ -61,7 +61,7 @@ async def _generate(request: Request, kind: Kind) -> HTTPResponse | None:
     body = parse_request_body(request)
     valid = validate_request(kind, body, ctx.limits, ctx.encoder)
     grammar = await _compile_grammar(ctx.engine, valid)
-    header = fmt.make_header(kind, ctx.limits.name, valid.include_usage)
+    header = fmt.make_header(kind, ctx.limits.name, valid.include_usage, ctx.fingerprint)
     log_ignored(header.request_id, valid.ignored)
     try:
         return await _run(request, header, valid, grammar)

@@ -57,6 +57,21 @@ def test_chat(client, model_name):
     choice = out.choices[0]
     assert choice.message.role == "assistant" and len(choice.message.content) == MAX_TOKENS
     assert choice.finish_reason == "length" and out.usage.completion_tokens == MAX_TOKENS
+    assert choice.message.refusal is None and "refusal" in choice.message.model_fields_set
+
+
+def test_every_response_and_chunk_has_the_servers_fingerprint(client, model_name):
+    # OpenAI's system_fingerprint: the same for every request to this server (same version,
+    # model, MLX and BLAS), in whole responses and in every chunk.
+    chat = client.chat.completions.create(model=model_name, max_tokens=2,
+                                          messages=[{"role": "user", "content": "Hi"}])
+    fingerprint = chat.system_fingerprint
+    assert fingerprint.startswith("fp_") and len(fingerprint) == 15
+    completion = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2)
+    assert completion.system_fingerprint == fingerprint
+    chunks = list(client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks and {c.system_fingerprint for c in chunks} == {fingerprint}
 
 
 def test_chat_stream(client, model_name):
