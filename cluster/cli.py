@@ -67,15 +67,19 @@ def cluster_main(argv: Sequence[str]) -> int:
 
 
 def _run(config: Any, spec: Any) -> int:
-    from cluster.deploy import start_cluster, stop_cluster
+    from cluster.deploy import deploy, init_ray, stop_cluster
 
     stop = threading.Event()
+    init_ray(spec)
+    # After Ray's start, before the endpoint answers: ray.init puts its own SIGTERM handler in
+    # this process (it dumps the stack and exits at once), which cut every in-flight stream off
+    # without its grace period.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    url = start_cluster(config, spec)
+    url = deploy(config, spec)
     log.info("serving %d replicas at %s (router %s)", spec.replicas, url, spec.router)
     stop.wait()
     log.info("stopping the cluster")
-    stop_cluster()
+    stop_cluster(config.port, config.stop_grace_s)
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,10 @@ def build_app(config: ServerConfig, spec: ClusterSpec) -> Any:
         graceful_shutdown_timeout_s=config.stop_grace_s + 2.0)
     ingress = serve.deployment(Ingress).options(
         name="Ingress", num_replicas=1, max_ongoing_requests=spec.max_ongoing_requests * 4,
-        ray_actor_options={"num_cpus": 0})
+        ray_actor_options={"num_cpus": 0},
+        # It relays the replicas' streams: it must outlive their grace.
+        graceful_shutdown_timeout_s=config.stop_grace_s + 4.0)
     return ingress.bind(replica.bind(config), REPLICA_DEPLOYMENT)
-
-
-def start_cluster(config: ServerConfig, spec: ClusterSpec) -> str:
-    """Start Ray (or join `spec.address`), then deploy; returns the endpoint's URL once every
-    replica serves."""
-    init_ray(spec)
-    return deploy(config, spec)
 
 
 def init_ray(spec: ClusterSpec) -> None:
@@ -110,7 +106,31 @@ def replica_actor_name(replica_id: str) -> str:
     return f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{replica_id}"
 
 
-def stop_cluster() -> None:
-    """Delete the application and stop Serve (its proxy and controller), then Ray."""
+def stop_cluster(port: int | None = None, grace_s: float = 0.0) -> None:
+    """Delete the application, then stop Serve (its proxy and controller) and Ray. Ray Serve
+    stops each replica once its in-flight requests have ended (or its
+    graceful_shutdown_timeout_s has passed), the ingress after its own streams; the proxy
+    still holds the streams' last events then (it relays them behind the replicas on a busy
+    machine), so it lives until no client is connected to `port`, for at most `grace_s`.
+    (`serve.shutdown` alone killed the proxy at once, cutting every stream.)"""
+    serve.delete(APP_NAME)
+    deadline = time.monotonic() + grace_s
+    while port is not None and time.monotonic() < deadline and _clients_connected(port):
+        time.sleep(0.1)
     serve.shutdown()
     ray.shutdown()
+
+
+def _clients_connected(port: int) -> bool:
+    # Whether a TCP connection to local `port` is established (Linux's /proc; elsewhere no
+    # wait: the proxy stops with Serve).
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                return True
+    return False
