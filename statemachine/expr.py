@@ -53,13 +53,16 @@ class Var:
 @dataclass(frozen=True)
 class Expr:
     """A compiled expression: `expr(env)` evaluates it over a mapping of names to values.
-    `tree` is the checked syntax tree, for analyses that walk the expression."""
+    `tree` is the checked syntax tree, for analyses that walk the expression; a number's values
+    lie in [low, high] while its names' stay in their ranges."""
 
     source: str
     kind: Kind
     names: frozenset[str]
     fn: Fn
     tree: ast.expr
+    low: Bound = -math.inf
+    high: Bound = math.inf
 
     def __call__(self, env: Env) -> Any:
         return self.fn(env)
@@ -112,7 +115,7 @@ def compile_expr(source: str | int | float | bool, names: Mapping[str, Var | Kin
     if want is not None and part.kind != want:
         raise ExprError(f"{_quote(text)} is a {_KIND_WORD[part.kind]}, expected a "
                         f"{_KIND_WORD[want]}")
-    return Expr(text, part.kind, frozenset(used), part.fn, tree)
+    return Expr(text, part.kind, frozenset(used), part.fn, tree, part.low, part.high)
 
 
 def _quote(text: str) -> str:
@@ -226,7 +229,8 @@ def _zero_divisor(node: ast.BinOp, divisor: _Part) -> str:
     if divisor.low == divisor.high == 0:
         return f"{whole} divides by zero"
     text = excerpt(ast.unparse(node.right), 40)
-    return (f"{text!r} can be 0 (it ranges over [{_show(divisor.low)}, {_show(divisor.high)}]), "
+    return (f"{text!r} can be 0 (it ranges over "
+            f"[{show_bound(divisor.low)}, {show_bound(divisor.high)}]), "
             f"so {whole} could divide by zero; divide by something that cannot be 0, e.g. "
             f"max(1, {text})")
 
@@ -289,7 +293,8 @@ def _floor(x: Bound) -> Bound:
     return x if isinstance(x, float) else Fraction(math.floor(x))
 
 
-def _show(x: Bound) -> str:
+def show_bound(x: Bound) -> str:
+    """An interval's bound as an error message writes it."""
     if isinstance(x, float):
         return "-inf" if x < 0 else "inf"
     if x.denominator == 1 and abs(x) < 10**15:

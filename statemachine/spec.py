@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from statemachine.expr import Expr, ExprError, Kind, Var, compile_expr
+from statemachine.expr import Expr, ExprError, Kind, Var, compile_expr, show_bound
 from statemachine.yamlsrc import Path_, Source, SpecError, load_source
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
@@ -166,7 +166,8 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
         file=src.file,
         parameters=params,
         pick=pick,
-        grants=_expr(src, ("grants",), doc.get("grants", 1), names, "num"),
+        grants=_at_least(src, ("grants",), _expr(src, ("grants",), doc.get("grants", 1), names,
+                                                 "num"), 1, "a tick grants at least one prompt"),
         chunk_tokens=_expr(src, ("chunk_tokens",), doc.get("chunk_tokens", "chunk_size"),
                            names, "num"),
         rules=_rules(src, doc.get("rules"), names),
@@ -176,6 +177,15 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
             src, ("tick_budget_ms",), doc["tick_budget_ms"],
             {"decode_step_ms": Var(low=0), **param_vars}, "num"),
     )
+
+
+def _at_least(src: Source, path: Path_, expr: Expr, least: int, why: str) -> Expr:
+    # Over every value its names may take (the parameters' ranges, the state's), by the
+    # expression's interval: a negative bound was reported VIOLATED, -2 grants ran as 1.
+    if expr.low < least:
+        raise src.error(path, f"must be at least {least} ({why}); {expr.source!r} ranges over "
+                        f"[{show_bound(expr.low)}, {show_bound(expr.high)}]")
+    return expr
 
 
 def _required(src: Source, path: Path_, doc: dict[str, Any], kind: type) -> Any:
@@ -263,8 +273,9 @@ def _claims(src: Source, raw: Any, names: dict[str, Var]) -> dict[str, Expr | No
     for claim in CLAIMS:
         if claim in raw:
             value = raw[claim]
-            out[claim] = None if value == "unbounded" else \
-                _expr(src, ("claims", claim), value, scope, "num")
+            out[claim] = None if value == "unbounded" else _at_least(
+                src, ("claims", claim), _expr(src, ("claims", claim), value, scope, "num"), 0,
+                "a bound counts ticks or preemptions")
         elif claim not in DERIVED_CLAIMS:  # a derived one defaults to the bound that follows
             raise src.error(("claims", claim), "is required (write `unbounded` if there is none)")
         scope[claim] = Var(low=0)  # the claims after it may name it

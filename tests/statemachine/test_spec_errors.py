@@ -78,6 +78,16 @@ def test_every_shipped_policy_loads(name):
      "expected a number"),
     ("ttft_ticks: chunks * every", "ttft_ticks: chunks * evrey", 18, "claims.ttft_ticks",
      "unknown name 'evrey'"),
+    # A bound below 0 was reported VIOLATED, -2 grants ran as 1: both refused at load, over
+    # every value the names may take (`every` ranges over [1, 10]).
+    ("queue_ticks: unbounded", "queue_ticks: -1", 17, "claims.queue_ticks",
+     "must be at least 0 (a bound counts ticks or preemptions); '-1' ranges over [-1, -1]"),
+    ("wait_ticks: every", "wait_ticks: every - 2", 13, "claims.wait_ticks",
+     "'every - 2' ranges over [-1, 8]"),
+    ("pick: round_robin", "pick: round_robin\ngrants: -2", 8, "grants",
+     "must be at least 1 (a tick grants at least one prompt); '-2' ranges over [-2, -2]"),
+    ("pick: round_robin", "pick: round_robin\ngrants: num_parked", 8, "grants",
+     "'num_parked' ranges over [0, inf]"),
 ])
 def test_policy_errors(tmp_path, old, new, line, field, message):
     assert old in GOOD_POLICY
