@@ -258,3 +258,18 @@ def test_cli_exit_codes_and_output(tmp_path):
     assert check_main(["deadline", "--set", "max_wait=0"]) == 2
     assert check_main(["deadline", "--set", "nope=1"]) == 2
     assert check_main(["deadline", "--max-seqs", "0"]) == 2
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--horizon", "0"], "argument --horizon: must be >= 1, got 0"),
+    (["--stateful", "--examples", "-5"], "argument --examples: must be >= 1, got -5"),
+    (["--examples", "0"], "argument --examples: must be >= 1, got 0"),
+    (["--time-limit", "-1"], "argument --time-limit: must be a finite number of seconds > 0"),
+    (["--time-limit", "inf"], "argument --time-limit: must be a finite number of seconds > 0"),
+])
+def test_cli_refuses_bounds_that_mean_nothing_before_any_search(flags, message, capsys):
+    # Each was taken and failed later: a traceback after the whole search, a misleading
+    # "lower the bounds", or silently nothing.
+    with pytest.raises(SystemExit) as exit_info:
+        check_main(["deadline", *flags], io.StringIO())
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
