@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -352,12 +353,14 @@ def trace_main(argv: Sequence[str]) -> int:
     """`fairtick trace`: fetch /debug/trace and print it as a table or JSON lines."""
     p = argparse.ArgumentParser(prog="fairtick trace",
                                 description="Print a running server's scheduler transitions.")
-    p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
-    p.add_argument("--since", type=int, default=0, metavar="T", help="first tick to show")
-    p.add_argument("--since-s", type=float, default=None, metavar="S",
+    p.add_argument("--url", type=_server_url, default=DEFAULT_URL,
+                   help=f"server base URL (default {DEFAULT_URL})")
+    p.add_argument("--since", type=_count(0), default=0, metavar="T", help="first tick to show")
+    p.add_argument("--since-s", type=_seconds_since, default=None, metavar="S",
                    help="events from S seconds after the server started")
     p.add_argument("--state", default=None, help="events from or to this lifecycle state")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="the latest N events")
+    p.add_argument("--limit", type=_count(1), default=None, metavar="N",
+                   help="the latest N events")
     p.add_argument("--request", default=None, metavar="ID",
                    help="one request's story: each stretch it spent queued, prefilling and "
                    "decoding, in seconds, with the rules that kept it waiting")
@@ -402,7 +405,7 @@ def trace_main(argv: Sequence[str]) -> int:
         except urllib.error.HTTPError as exc:
             print(f"fairtick trace: {url}: HTTP {exc.code}: "
                   f"{exc.read().decode(errors='replace')}", file=sys.stderr)
-            return 1
+            return 2 if exc.code == 400 else 1  # 400: the server names the bad argument
         except (urllib.error.URLError, OSError) as exc:
             print(f"fairtick trace: cannot reach {url}: {exc}", file=sys.stderr)
             return 1
@@ -434,6 +437,37 @@ def trace_main(argv: Sequence[str]) -> int:
 
     print(format_table(json.loads(line) for line in text.splitlines() if line.strip()))
     return 0
+
+
+def _server_url(text: str) -> str:
+    # urllib took 'notaurl' and raised deep in the request (a traceback).
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") \
+                from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+    return parse
+
+
+def _seconds_since(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
 
 
 def _write_perfetto(text: str, path: str, from_server: bool) -> int:

@@ -61,7 +61,8 @@ def parse_trace_lines(text: str) -> list[list[dict[str, Any]]]:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if not isinstance(event, dict) or not {"tick", "seq", "to"} <= set(event):
+        if not isinstance(event, dict) or not {"tick", "seq", "to"} <= set(event) or \
+                isinstance(event["tick"], bool) or not isinstance(event["tick"], int):
             continue
         if not traces or event["tick"] < traces[-1][-1]["tick"]:
             traces.append([])
@@ -198,13 +199,18 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
 
 def read_trace_file(path: str, since: int = 0, limit: int | None = None) -> str | None:
     """The first trace in a file as JSON lines, from tick `since`, at most `limit` events;
-    None (after saying why) if the file cannot be read."""
+    None (after saying why) if the file cannot be read or holds no trace event."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         print(f"fairtick trace: cannot read {path}: {exc}", file=sys.stderr)
         return None
     traces = parse_trace_lines(text)
+    if not traces:  # a wrong file printed an empty table and exited 0
+        print(f"fairtick trace: no trace events in {path}: expected the JSON lines of "
+              "/debug/trace (`fairtick trace --json`) or `fairtick check` output, each an "
+              "object with an integer tick, a seq and a to", file=sys.stderr)
+        return None
     if len(traces) > 1:
         print(f"fairtick trace: {len(traces)} traces in {path}; using the first",
               file=sys.stderr)

@@ -73,3 +73,32 @@ def test_a_reader_that_goes_away_ends_it_quietly(mixed_server, tmp_path, capsys)
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_bad_arguments_are_refused_before_any_request(capsys):
+    # --url 'notaurl' ended in a traceback; the others reached the server (exit 1) or not.
+    for flags, message in ((["--url", "notaurl"], "expected http://HOST:PORT, got 'notaurl'"),
+                           (["--limit", "0"], "argument --limit: must be >= 1, got 0"),
+                           (["--since", "-5"], "argument --since: must be >= 0, got -5"),
+                           (["--since-s", "-1"], "argument --since-s: must be a finite")):
+        try:
+            fairtick(["trace", *flags])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"{flags} was taken")
+        assert message in capsys.readouterr().err
+
+
+def test_a_state_the_server_does_not_know_is_a_usage_error(mixed_server, capsys):
+    assert fairtick(["trace", "--url", mixed_server.url, "--state", "nosuchstate"]) == 2
+    assert "HTTP 400" in capsys.readouterr().err
+
+
+def test_a_file_without_trace_events_is_an_error(tmp_path, capsys):
+    # Each printed an empty table and exited 0.
+    for text in ("garbage{\n", '{"tick": "x", "seq": 1, "to": "decoding"}\n', ""):
+        path = tmp_path / "wrong.jsonl"
+        path.write_text(text)
+        assert fairtick(["trace", "--file", str(path)]) == 1
+        assert f"no trace events in {path}" in capsys.readouterr().err
