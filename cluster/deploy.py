@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,9 @@ def build_app(config: ServerConfig, spec: ClusterSpec) -> Any:
         ray_actor_options={"num_cpus": 0},
         # It relays the replicas' streams: it must outlive their grace.
         graceful_shutdown_timeout_s=config.stop_grace_s + 4.0)
-    return ingress.bind(replica.bind(config), REPLICA_DEPLOYMENT)
+    # One `created` for every replica's model cards (each made its own, a second apart).
+    created = config.created if config.created is not None else int(time.time())
+    return ingress.bind(replica.bind(replace(config, created=created)), REPLICA_DEPLOYMENT)
 
 
 def init_ray(spec: ClusterSpec) -> None:

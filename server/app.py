@@ -59,7 +59,7 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     app.ctx.engine = engine
     app.ctx.draining = False
     app.ctx.fingerprint = None  # system_fingerprint, once the engine's model is known
-    app.ctx.started_at = int(time.time())
+    app.ctx.started_at = config.created if config.created is not None else int(time.time())
     app.blueprint(make_openai_blueprint())
     app.blueprint(make_model_blueprint())
     app.blueprint(make_ops_blueprint())

@@ -44,6 +44,9 @@ class ServerConfig:
     log_level: str = "info"
     # One line per response (Sanic's access log, at INFO); off by default.
     access_log: bool = False
+    # The model cards' `created` (Unix seconds); None: when the app is made. A cluster gives its
+    # replicas one value, so /v1/models answers the same whichever replica serves it.
+    created: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -76,6 +76,9 @@ def test_concurrent_requests_reach_both_replicas_and_metrics_are_labelled(cluste
     for replica in after:  # a pinned request goes to its replica
         reply = _pinned_get(cluster.url, "/health", replica)
         assert reply.status == 200 and reply.headers[REPLICA_HEADER] == replica
+    # Every replica's model card is the same card (its `created` was each replica's start).
+    cards = [_pinned_get(cluster.url, "/v1/models", replica).json() for replica in after]
+    assert len(cards) == cluster.replicas and all(card == cards[0] for card in cards), cards
     missing = _pinned_get(cluster.url, "/health", "no-such-replica")
     assert missing.status == 404 and missing.json()["error"]["code"] == "replica_not_found"
 
