@@ -384,6 +384,16 @@ def trace_main(argv: Sequence[str]) -> int:
                    help=f"sent as a bearer token, for a server started with "
                    f"--api-key-protect-ops (env {API_KEY_ENV})")
     args = p.parse_args(argv)
+    # Flags that shape one output only: with another they were silently ignored.
+    if args.ticks and args.png is None:
+        p.error("--ticks applies to --png only")
+    if args.lifecycle is not None and args.png is None:
+        p.error("--lifecycle applies to --png only")
+    outputs = [flag for flag, on in (("--json", args.json), ("--png", args.png is not None),
+                                     ("--perfetto", args.perfetto is not None),
+                                     ("--request", args.request is not None)) if on]
+    if len(outputs) > 1:
+        p.error(f"{' and '.join(outputs)} each choose the output: give one")
     if args.file is not None:
         from server.trace_png import read_trace_file
 

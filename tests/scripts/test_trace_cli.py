@@ -80,7 +80,11 @@ def test_bad_arguments_are_refused_before_any_request(capsys):
     for flags, message in ((["--url", "notaurl"], "expected http://HOST:PORT, got 'notaurl'"),
                            (["--limit", "0"], "argument --limit: must be >= 1, got 0"),
                            (["--since", "-5"], "argument --since: must be >= 0, got -5"),
-                           (["--since-s", "-1"], "argument --since-s: must be a finite")):
+                           (["--since-s", "-1"], "argument --since-s: must be a finite"),
+                           # Each was silently ignored beside the output that ran.
+                           (["--ticks"], "--ticks applies to --png only"),
+                           (["--json", "--perfetto", "t.json"],
+                            "--json and --perfetto each choose the output: give one")):
         try:
             fairtick(["trace", *flags])
         except SystemExit as exc:
