@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -20,6 +19,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from statemachine.argtypes import integer_at_least, seconds
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 POLICY_ENV = "FAIRTICK_POLICY"
@@ -355,11 +356,12 @@ def trace_main(argv: Sequence[str]) -> int:
                                 description="Print a running server's scheduler transitions.")
     p.add_argument("--url", type=_server_url, default=DEFAULT_URL,
                    help=f"server base URL (default {DEFAULT_URL})")
-    p.add_argument("--since", type=_count(0), default=0, metavar="T", help="first tick to show")
-    p.add_argument("--since-s", type=_seconds_since, default=None, metavar="S",
+    p.add_argument("--since", type=integer_at_least(0), default=0, metavar="T",
+                   help="first tick to show")
+    p.add_argument("--since-s", type=seconds(allow_zero=True), default=None, metavar="S",
                    help="events from S seconds after the server started")
     p.add_argument("--state", default=None, help="events from or to this lifecycle state")
-    p.add_argument("--limit", type=_count(1), default=None, metavar="N",
+    p.add_argument("--limit", type=integer_at_least(1), default=None, metavar="N",
                    help="the latest N events")
     p.add_argument("--request", default=None, metavar="ID",
                    help="one request's story: each stretch it spent queued, prefilling and "
@@ -455,29 +457,6 @@ def _server_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
     return text
-
-
-def _count(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") \
-                from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
-        return value
-    return parse
-
-
-def _seconds_since(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
 
 
 def _write_perfetto(text: str, path: str, from_server: bool) -> int:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from collections.abc import Mapping
 from typing import TextIO
 
 from statemachine.abstraction import CannotCheck
+from statemachine.argtypes import integer_at_least, seconds
 from statemachine.checker import MEMORY, STREAMS, Checker, CheckLayout, Label, Report
 from statemachine.counterexample import ReplayError, replay
 from statemachine.invariants import UNIVERSAL
@@ -47,40 +47,19 @@ def make_parser() -> argparse.ArgumentParser:
                    help=f"memory layout: the largest max_tokens ({MEMORY.max_tokens})")
     p.add_argument("--kv-budget", type=int, default=MEMORY.kv_budget,
                    help=f"memory layout: KV budget in tokens ({MEMORY.kv_budget})")
-    p.add_argument("--horizon", type=_at_least_one, default=8,
+    p.add_argument("--horizon", type=integer_at_least(1), default=8,
                    help="a wait this long counts as starvation when a claim is unbounded (8)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a policy parameter (repeatable)")
     p.add_argument("--lifecycle", metavar="FILE", default=None,
                    help="lifecycle spec (default: specs/lifecycle.yaml)")
-    p.add_argument("--time-limit", type=_seconds, default=None, metavar="S",
+    p.add_argument("--time-limit", type=seconds(allow_zero=False), default=None, metavar="S",
                    help="give up (exit 2) if a search takes longer")
     p.add_argument("--stateful", action="store_true",
                    help="also run the Hypothesis stateful test at larger sizes")
-    p.add_argument("--examples", type=_at_least_one, default=200,
+    p.add_argument("--examples", type=integer_at_least(1), default=200,
                    help="Hypothesis examples (200)")
     return p
-
-
-def _at_least_one(text: str) -> int:
-    # argparse names the flag and exits 2 (the value was taken, then failed deep in a search).
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
-    return value
 
 
 def layouts(args: argparse.Namespace) -> list[CheckLayout]:

@@ -180,9 +180,10 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
 
 
 def _at_least(src: Source, path: Path_, expr: Expr, least: int, why: str) -> Expr:
-    # Over every value its names may take (the parameters' ranges, the state's), by the
-    # expression's interval: a negative bound was reported VIOLATED, -2 grants ran as 1.
-    if expr.low < least:
+    # Refused where no value of its names (the parameters' ranges, the state's) brings it to
+    # `least`, by the expression's interval: a negative bound was reported VIOLATED, -2 grants
+    # ran as 1. One that is below only somewhere is checked where it is evaluated.
+    if expr.high < least:
         raise src.error(path, f"must be at least {least} ({why}); {expr.source!r} ranges over "
                         f"[{show_bound(expr.low)}, {show_bound(expr.high)}]")
     return expr

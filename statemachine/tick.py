@@ -99,7 +99,12 @@ class Policy:
         env = {**self.params, **config}
         if any(env.get(n) is None for n in expr.names):
             return None
-        return int(expr(env))
+        value = int(expr(env))
+        if value < 0:  # a bound counts ticks or preemptions
+            used = ", ".join(f"{n}={env[n]}" for n in sorted(expr.names))
+            raise ValueError(f"claim {name}: {expr.source!r} is {value} at {used}; a bound "
+                             "must be >= 0")
+        return value
 
 
 def make_policy(spec: PolicySpec | str, overrides: Mapping[str, Any] | None = None,

@@ -223,7 +223,7 @@ def test_the_reduced_state_count_is_the_naive_one_quotiented(name, layout):
 
 def test_replayed_counterexamples_use_the_traces_stable_ids(variant):
     # After an abort the checker renumbers; the printed messages must not.
-    path = variant("mixed_step", claims={"wait_ticks": "max_running - 2"})
+    path = variant("mixed_step", claims={"wait_ticks": "max(0, max_running - 2)"})
     out = io.StringIO()
     assert check_main([str(path), "--layout", "streams", "--max-seqs", "4",
                        "--max-chunks", "2", "--max-running", "3"], out) == 1
@@ -273,3 +273,12 @@ def test_cli_refuses_bounds_that_mean_nothing_before_any_search(flags, message, 
     with pytest.raises(SystemExit) as exit_info:
         check_main(["deadline", *flags], io.StringIO())
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_claim_below_0_at_the_checked_values_is_an_error_naming_them(variant, capsys):
+    # `max_wait - 30` loads (max_wait may reach 1024) but is -6 at the default 24: it was
+    # reported VIOLATED, as if the policy broke a bound.
+    path = variant("deadline", claims={"wait_ticks": "max_wait - 30"})
+    assert check_main([str(path), "--layout", "streams", "--max-seqs", "2"], io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "claim wait_ticks: 'max_wait - 30' is -6 at max_wait=24; a bound must be >= 0" in err

@@ -82,12 +82,12 @@ def test_every_shipped_policy_loads(name):
     # every value the names may take (`every` ranges over [1, 10]).
     ("queue_ticks: unbounded", "queue_ticks: -1", 17, "claims.queue_ticks",
      "must be at least 0 (a bound counts ticks or preemptions); '-1' ranges over [-1, -1]"),
-    ("wait_ticks: every", "wait_ticks: every - 2", 13, "claims.wait_ticks",
-     "'every - 2' ranges over [-1, 8]"),
+    ("wait_ticks: every", "wait_ticks: every - 11", 13, "claims.wait_ticks",
+     "'every - 11' ranges over [-10, -1]"),
     ("pick: round_robin", "pick: round_robin\ngrants: -2", 8, "grants",
      "must be at least 1 (a tick grants at least one prompt); '-2' ranges over [-2, -2]"),
-    ("pick: round_robin", "pick: round_robin\ngrants: num_parked", 8, "grants",
-     "'num_parked' ranges over [0, inf]"),
+    ("pick: round_robin", "pick: round_robin\ngrants: 0 - num_parked", 8, "grants",
+     "'0 - num_parked' ranges over [-inf, 0]"),
 ])
 def test_policy_errors(tmp_path, old, new, line, field, message):
     assert old in GOOD_POLICY
