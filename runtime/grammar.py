@@ -14,6 +14,7 @@ through `compile_lark` (server/tool_calls.py writes the grammar). Why llguidance
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,20 @@ import numpy as np
 # Re-exported: what a grammar is compiled from lives apart, importable without MLX.
 from runtime.formats import JSON_STYLE, GrammarError, ResponseFormat
 from runtime.limits import MAX_SCHEMA_CHARS
+
+if sys.version_info >= (3, 11):
+    from re import _constants as sre_constants
+    from re import _parser as sre_parse
+else:  # pragma: no cover
+    import sre_constants
+    import sre_parse
+
+# The most a pattern's repetitions may multiply to along one nesting: llguidance builds such a
+# regex lazily and gave up mid-output past ~100,000-200,000 ("too many expressions
+# constructed", at the string's opening quote): `a{200000}` failed, `a{100000}` did not.
+MAX_PATTERN_REPEATS = 100_000
+_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT,
+            getattr(sre_constants, "POSSESSIVE_REPEAT", sre_constants.MAX_REPEAT))
 
 __all__ = ["JSON_STYLE", "Grammar", "GrammarCompiler", "GrammarError", "GrammarMatcher",
            "MatcherError", "ResponseFormat", "apply_masks", "make_grammar_compiler", "token_masks",
@@ -165,6 +180,35 @@ def _check_multiple_of(schema: dict[str, Any], param: str) -> None:
                                param)
 
 
+def _check_patterns(schema: dict[str, Any], param: str) -> None:
+    for node in _nodes(schema):
+        patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        if isinstance(node.get("patternProperties"), dict):
+            patterns += [k for k in node["patternProperties"] if isinstance(k, str)]
+        for pattern in patterns:
+            try:
+                count = _most_repeats(sre_parse.parse(pattern))
+            except Exception:  # noqa: BLE001 - a syntax Python lacks: llguidance judges it
+                continue
+            if count > MAX_PATTERN_REPEATS:
+                shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+                raise GrammarError(
+                    f"`{param}`: pattern {shown!r} repeats up to {count:,} times (its "
+                    f"repetition counts multiplied); at most {MAX_PATTERN_REPEATS:,} can be "
+                    "enforced", param)
+
+
+def _most_repeats(node: Any) -> int:
+    # The largest product of repetition counts along one nesting of a parsed pattern ({n,}
+    # and * count their least).
+    if isinstance(node, tuple) and len(node) == 2 and node[0] in _REPEATS:
+        least, most, sub = node[1]
+        return max(least if most == sre_constants.MAXREPEAT else most, 1) * _most_repeats(sub)
+    if isinstance(node, tuple | list | sre_parse.SubPattern):
+        return max((_most_repeats(child) for child in node), default=1)
+    return 1
+
+
 def _check_finite(schema: dict[str, Any], param: str) -> None:
     # A schema whose every value must hold another value of itself (a required property, or
     # minItems, through a $ref back to it) admits no finite value: llguidance compiles it and
@@ -238,6 +282,7 @@ def _schema_grammar(schema: dict[str, Any], param: str) -> str:
         raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
                            param)
     _check_multiple_of(schema, param)
+    _check_patterns(schema, param)
     _check_finite(schema, param)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE))

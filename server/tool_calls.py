@@ -165,14 +165,41 @@ def _finite(literal: str) -> float:
 def _read_call(body: str, names: set[str]) -> ToolCall | None:
     # Arguments that are not an object are no call (OpenAI's contract, and what a client may
     # send back): under "auto" such a block stays the model's text; forced choices cannot write it.
+    # A number past the float range is valid JSON, and a grammar (any schema's unbounded
+    # "number") lets a model write one: it is kept as written, where json would make it
+    # Infinity (not JSON) and the forced call was lost to the content.
     try:
-        value = loads_json(body)
+        value = json.loads(body, parse_constant=_no_constant, parse_float=_Float)
     except ValueError:
         return None
     if not (isinstance(value, dict) and value.get("name") in names
             and isinstance(value.get("arguments"), dict)):
         return None
-    return ToolCall(new_call_id(), value["name"], json.dumps(value["arguments"]))
+    return ToolCall(new_call_id(), value["name"], _dumps_numbers_as_written(value["arguments"]))
+
+
+@dataclass(frozen=True)
+class _Float:
+    """A JSON number with a fraction or exponent, as written."""
+
+    text: str
+
+
+def _dumps_numbers_as_written(value: Any) -> str:
+    # json.dumps, each float as its literal: Python's shortest repr (json.dumps's own) when
+    # the float range holds it, else as written.
+    literals: list[str] = []
+    mark = uuid.uuid4().hex  # no string of the arguments holds it
+
+    def literal(number: Any) -> str:
+        if not isinstance(number, _Float):
+            raise TypeError(f"{type(number).__name__} is not JSON")
+        as_float = float(number.text)
+        literals.append(repr(as_float) if math.isfinite(as_float) else number.text)
+        return f"{mark}{len(literals) - 1}{mark}"
+
+    text = json.dumps(value, default=literal)
+    return re.sub(f'"{mark}(\\d+){mark}"', lambda m: literals[int(m.group(1))], text)
 
 
 class ToolCallStream:

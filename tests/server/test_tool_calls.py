@@ -68,15 +68,24 @@ def test_calls_are_read_with_ids_and_json_arguments():
     f'{OPEN}\n{{"name": "ping", "arguments": -0e4358598490}}\n{CLOSE}',
     f'{OPEN}\n{{"name": "ping"}}\n{CLOSE}',
     f'{OPEN}\n["ping"]\n{CLOSE}',
-    # Not JSON to a client's parser, though Python's json reads them.
+    # Not JSON, though Python's json reads it.
     f'{OPEN}\n{{"name": "ping", "arguments": {{"a": NaN}}}}\n{CLOSE}',
-    f'{OPEN}\n{{"name": "ping", "arguments": {{"a": 1e400}}}}\n{CLOSE}',
 ])
 def test_a_block_that_is_not_a_call_stays_content(block):
     # Arguments are a JSON object (OpenAI's contract, and what a client may send back): under
     # "auto" a block with other arguments is the model's text, not a call.
     content, calls = parse_tool_calls(f"a {block} b", NAMES)
     assert calls == [] and content == f"a {block} b"
+
+
+def test_a_number_past_the_float_range_is_kept_as_written():
+    # Valid JSON that a grammar's unbounded "number" lets a model write (a forced call's
+    # `{"v": 40e4974848...}`): the call was lost to the content, as finish_reason "stop".
+    block = f'{OPEN}\n{{"name": "ping", "arguments": {{"a": 40e497484802164555, "b": [1.50, ' \
+        f'-2E-3, "x"]}}}}\n{CLOSE}'
+    content, calls = parse_tool_calls(block, NAMES)
+    assert content is None and [c.name for c in calls] == ["ping"]
+    assert calls[0].arguments == '{"a": 40e497484802164555, "b": [1.5, -0.002, "x"]}'
 
 
 def test_only_calls_leave_no_content_and_plain_text_is_content():
