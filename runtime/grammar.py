@@ -223,10 +223,15 @@ def _check_finite(schema: dict[str, Any], param: str) -> None:
             target = _resolve(schema, ref)
             if not finite[ref] and (target is None or _finite(target, finite)):
                 finite[ref] = changed = True
-    if not _finite(schema, finite):
-        raise GrammarError(f"`{param}` admits no finite value: a required property or minItems "
-                           "leads back through a $ref to where it started, with no way out",
+    if _finite(schema, finite):
+        return
+    if not _finite(schema, dict.fromkeys(refs, True)):  # no $ref needed to see it
+        raise GrammarError(f"`{param}` admits no value: a required property that its object "
+                           "does not allow (not in `properties` with `additionalProperties: "
+                           "false`, or a `false` schema), or `minItems` with `items: false`",
                            param)
+    raise GrammarError(f"`{param}` admits no finite value: a required property or minItems "
+                       "leads back through a $ref to where it started, with no way out", param)
 
 
 def _resolve(root: dict[str, Any], ref: str) -> Any:

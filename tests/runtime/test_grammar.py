@@ -78,6 +78,43 @@ def test_a_schema_no_finite_value_satisfies_is_refused(compiler: GrammarCompiler
 
 
 @pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+     "additionalProperties": False},
+    {"type": "object", "additionalProperties": False, "required": ["x"]},
+    {"type": "object", "properties": {"x": False}, "required": ["x"]},
+    {"type": "array", "items": False, "minItems": 1},
+])
+def test_a_schema_no_value_satisfies_says_why_without_a_ref(compiler: GrammarCompiler,
+                                                            schema: dict[str, object]) -> None:
+    # Their message blamed a $ref loop the schema does not have.
+    with pytest.raises(GrammarError, match="admits no value: a required property that its "
+                       "object does not allow") as caught:
+        compiler.compile(ResponseFormat("json_schema", schema))
+    assert "$ref" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("pattern", "count"), [("^a{1000000}$", "1,000,000"),
+                                                ("^(a{1000}){1000}$", "1,000,000"),
+                                                ("^(x|(ab){5000}){30}$", "150,000")])
+def test_a_pattern_repeating_past_the_limit_is_refused(compiler: GrammarCompiler, pattern: str,
+                                                       count: str) -> None:
+    # llguidance compiled them and failed at the string's opening quote ("too many expressions
+    # constructed"): a 500 for the request.
+    for schema in ({"type": "string", "pattern": pattern},
+                   {"type": "object", "patternProperties": {pattern: {"type": "integer"}}}):
+        with pytest.raises(GrammarError, match=f"repeats up to {count} times"):
+            compiler.compile(ResponseFormat("json_schema", schema))
+
+
+def test_patterns_within_the_limit_are_enforced(compiler: GrammarCompiler) -> None:
+    for pattern in ("^a{100000}$", "^[a-z]{50000}$", "^(ab|cd){20000}$", "^\\d{4}-\\d{2}$"):
+        matcher = compiler.compile(ResponseFormat("json_schema", {
+            "type": "string", "pattern": pattern})).new_matcher()
+        matcher.consume(ord('"'))  # where the refused ones failed
+        matcher.check()
+
+
+@pytest.mark.parametrize("schema", [
     {"$defs": {"n": {**NODE, "required": []}}, "$ref": "#/$defs/n"},
     {"type": "object", "properties": {"x": {"$ref": "#"}}},
     {"$defs": {"t": {"type": "object", "required": ["kids"], "properties": {"kids": {
