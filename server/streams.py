@@ -106,7 +106,10 @@ class EventStream:
         first = 0
         try:
             for earlier, request in enumerate(self.requests):
-                self._submit_one(request, self._sink_from(first), prompt_param, earlier)
+                # A batch's prompt is named by its place, as validation names it.
+                param = prompt_param if len(self.requests) == 1 else \
+                    f"{prompt_param}[{earlier}]"
+                self._submit_one(request, self._sink_from(first), param, earlier)
                 first += request.n
         except BaseException:
             self.close("error")
@@ -129,7 +132,8 @@ class EventStream:
         except EngineDead as exc:
             raise engine_unavailable(str(exc)) from None
         except ValueError as exc:
-            raise invalid(str(exc), prompt_param) from None
+            where = f"{prompt_param}: " if prompt_param.endswith("]") else ""
+            raise invalid(f"{where}{exc}", prompt_param) from None
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         """Yield events until every choice has finished; a dead engine ends the stream with an

@@ -198,6 +198,13 @@ def test_a_request_over_the_whole_kv_budget_is_400_and_a_short_budget_queues(bun
         reply = post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": 400})
         assert reply.status == 400 and reply.error()["param"] == "prompt"
         assert "must fit the KV budget of 400 tokens" in reply.error()["message"]
+        # A batch's prompt is named by its place, as its context error is.
+        reply = post(served.url, "/v1/completions", {"prompt": ["x", "y" * 390],
+                                                     "max_tokens": 20})
+        assert reply.status == 400 and reply.error()["param"] == "prompt[1]"
+        assert reply.error()["message"].startswith("prompt[1]: prompt (391 tokens) plus "
+                                                   "max_tokens (20) must fit the KV budget")
+        served.wait_idle()  # the first prompt, handed over, is aborted
         # Three requests that need 3 x 300 of the 400 tokens: the budget, not a refusal,
         # decides who runs when; every one completes.
         streams = [OpenStream(served.url, "/v1/completions",
