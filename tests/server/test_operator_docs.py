@@ -133,6 +133,19 @@ def test_every_query_parses_and_selects_only_exported_series(dashboard, exported
         assert grouped <= carried, f"{query!r} groups by labels no series has: {grouped}"
 
 
+def test_a_quantiles_legend_names_its_quantile(dashboard):
+    # "p100" labelled histogram_quantile(0.999, ...): an operator read p99.9 as the maximum.
+    named = 0
+    for panel in panels(dashboard):
+        for target in panel["targets"]:
+            found = re.match(r"\s*histogram_quantile\(\s*([0-9.]+)\s*,", target["expr"])
+            legend = target.get("legendFormat", "")
+            if found and re.fullmatch(r"p[0-9.]+", legend):
+                assert legend == f"p{float(found.group(1)) * 100:g}", (panel["title"], legend)
+                named += 1
+    assert named >= 3  # the latency panels' p50 ... p99.9
+
+
 def test_the_dashboard_shows_what_an_operator_watches(dashboard):
     shown = {name for query in queries(dashboard) for name, _ in selectors(query)[0]}
     assert set(WATCHED) <= shown, sorted(set(WATCHED) - shown)
