@@ -17,8 +17,10 @@ style piece, or a SentencePiece byte-fallback `<0xNN>`).
 of the tokens so far are decoded as the text is (UTF-8, an invalid byte one U+FFFD), and a token
 that starts inside a multi-byte character gets the offset of that character's start, so a
 character split over tokens gives them all one offset and the offsets never go back. Special
-tokens, such as BOS and EOS, count none: the text does not hold them. With echo the prompt's
-tokens count from 0 and the generated ones from the echoed text's length.
+tokens, such as BOS and EOS, count none where the text does not hold them: generated ones, and
+the BOS a tokenizer adds to a prompt sent as text. With echo the prompt's tokens count from 0
+(a special token the echoed text does hold, `<s>` written in the prompt or decoded from its
+ids, counts its characters) and the generated ones from the echoed text's length.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ class ChoiceLogprobs:
     for)."""
 
     def __init__(self, kind: str, texts: TokenTexts, num_top: int | None, echo: str | None,
-                 prompt_tokens: Sequence[int]) -> None:
+                 prompt_tokens: Sequence[int], added: int = 0) -> None:
         self.kind, self._texts, self.num_top, self.echo = kind, texts, num_top, echo
-        self._prompt_tokens = prompt_tokens
+        # The prompt's first `added` tokens are the tokenizer's (its BOS), not the echo's text.
+        self._prompt_tokens, self._added = prompt_tokens, added
         self._started = False
         self._offset = 0  # characters decoded so far, the bytes of an unfinished one not counted
         self._utf8 = _utf8_decoder()
@@ -110,11 +113,12 @@ class ChoiceLogprobs:
     def _push_prompt(self, logprobs: Sequence[TokenLogprob]) -> None:
         # The first prompt token has no log-probability; the others come from the prefill.
         self._offset = 0
-        self._push(self._prompt_tokens[0], None)
-        for lp in logprobs:
-            self._push(lp.token_id, lp)
+        self._push(self._prompt_tokens[0], None, in_text=self._added < 1)
+        for k, lp in enumerate(logprobs, 1):
+            self._push(lp.token_id, lp, in_text=k >= self._added)
 
-    def _push(self, token_id: int, lp: TokenLogprob | None) -> None:
+    def _push(self, token_id: int, lp: TokenLogprob | None, in_text: bool = False) -> None:
+        # `in_text`: a special token the returned text holds (an echoed prompt's).
         text, data = self._texts.get(token_id)
         num_top = self.num_top or 0
         if self.kind == "chat":
@@ -132,7 +136,7 @@ class ChoiceLogprobs:
         self._columns["token_logprobs"].append(None if lp is None else _finite(lp.logprob))
         self._columns["top_logprobs"].append(top)
         self._columns["text_offset"].append(self._offset)
-        if token_id not in self._texts.special:  # BOS, EOS: not in the returned text
+        if in_text or token_id not in self._texts.special:  # else not in the returned text
             self._offset += len(self._utf8.decode(bytes(data)))
 
     def _chat_top(self, token_id: int, logprob: float) -> dict[str, Any]:
@@ -167,11 +171,21 @@ def choice_logprobs(valid: ValidRequest, tokenizer: Any) -> dict[int, ChoiceLogp
     texts = TokenTexts(tokenizer)
     out = {}
     for i, prompt in enumerate(valid.prompts):
-        echo = None
+        echo, added = None, 0
         if valid.echo:
             echo = prompt.text if prompt.text is not None else \
                 str(tokenizer.decode(list(prompt.tokens)))
+            if prompt.text is not None:  # encoded with the tokenizer's special tokens
+                added = _added_before(tokenizer)
         for j in range(valid.n):
             out[i * valid.n + j] = ChoiceLogprobs(valid.kind, texts, num_top, echo,
-                                                  prompt.tokens)
+                                                  prompt.tokens, added)
     return out
+
+
+def _added_before(tokenizer: Any) -> int:
+    # How many tokens `encode` puts before a text (BOS).
+    full = list(tokenizer.encode("a"))
+    bare = list(tokenizer.encode("a", add_special_tokens=False))
+    return next((k for k in range(len(full) - len(bare) + 1)
+                 if full[k:k + len(bare)] == bare), 0)

@@ -197,6 +197,22 @@ def test_text_offsets_count_characters_of_a_multibyte_echo(client, model_name):
     assert merged_columns(client.completions.create(**args, stream=True)) == lp.model_dump()
 
 
+@pytest.mark.parametrize("prompt", [[256, 89, 111], "<s>Yo"])
+def test_an_echoed_special_token_counts_its_characters(client, model_name, prompt):
+    # The echo holds "<s>" (ids decoded, or written in the text): every token's offset is where
+    # its text starts. "Y" was at 0 and the first generated token at 5, 4 past "o" at 1.
+    args = {"model": model_name, "prompt": prompt, "max_tokens": 2, "logprobs": 0, "echo": True}
+    whole = client.completions.create(**args)
+    text, lp = whole.choices[0].text, whole.choices[0].logprobs
+    assert text.startswith("<s>Yo") and len(text) == 7
+    added = 1 if isinstance(prompt, str) else 0  # the BOS the tokenizer adds to a text
+    assert lp.tokens == ["<s>"] * (1 + added) + ["Y", "o", text[5], text[6]]
+    assert lp.text_offset == [0] * (1 + added) + [3, 4, 5, 6]
+    assert all(text.startswith(token, offset) for token, offset in
+               zip(lp.tokens[added:], lp.text_offset[added:], strict=True))
+    assert merged_columns(client.completions.create(**args, stream=True)) == lp.model_dump()
+
+
 def test_text_offsets_count_characters_of_multibyte_generated_text(client, model_name):
     # The built-in model emits only ASCII by itself; a schema's enum makes it write "é😀!".
     form = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"enum": ["é😀!"]}}}

@@ -26,8 +26,10 @@ class PieceTokenizer:
 
 
 def offsets(pieces: list[str], echo: str, prompt: list[int], generated: list[int]) -> list[int]:
-    """The text offsets of an echoed `prompt` and the `generated` tokens after it."""
-    formatter = ChoiceLogprobs("completion", TokenTexts(PieceTokenizer(pieces)), 0, echo, prompt)
+    """The text offsets of an echoed `prompt` (sent as text: its BOS the tokenizer's) and the
+    `generated` tokens after it."""
+    formatter = ChoiceLogprobs("completion", TokenTexts(PieceTokenizer(pieces)), 0, echo, prompt,
+                               added=1)
     formatter.start(TokenEvent("r", None, "", prompt_logprobs=tuple(
         TokenLogprob(token, -1.0) for token in prompt[1:])))
     for token in generated:
