@@ -13,12 +13,15 @@ through `compile_lark` (server/tool_calls.py writes the grammar). Why llguidance
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+import jsonschema.exceptions
 import llguidance
 import llguidance.numpy as llg_numpy
 import mlx.core as mx
@@ -39,6 +42,7 @@ else:  # pragma: no cover
 # regex lazily and gave up mid-output past ~100,000-200,000 ("too many expressions
 # constructed", at the string's opening quote): `a{200000}` failed, `a{100000}` did not.
 MAX_PATTERN_REPEATS = 100_000
+_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
 _REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT,
             getattr(sre_constants, "POSSESSIVE_REPEAT", sre_constants.MAX_REPEAT))
 
@@ -72,13 +76,17 @@ class GrammarMatcher:
     def consume(self, token: int) -> None:
         """Advance by a sampled token; the mask allowed it, so a refusal is the grammar's
         failure (RuntimeError; the matcher is then in an error state)."""
-        if not self._matcher.consume_token(token):
+        with _panics_as(RuntimeError):
+            consumed = self._matcher.consume_token(token)
+        if not consumed:
             raise RuntimeError(f"the grammar refused token {token}: "
                                f"{_readable(self._matcher.get_error())}")
 
     def rollback(self) -> None:
         """Undo the last `consume`."""
-        if not self._matcher.rollback(1):
+        with _panics_as(RuntimeError):
+            rolled_back = self._matcher.rollback(1)
+        if not rolled_back:
             raise RuntimeError(f"grammar matcher could not roll back: {self._matcher.get_error()}")
 
     @property
@@ -118,20 +126,23 @@ class GrammarCompiler:
         else:
             assert response_format.schema is not None
             schema = response_format.schema
-        text = _schema_grammar(schema, param)
-        return self._build(text, param, response_format.name or response_format.kind)
+        with _panics_as(_refusal(param)):
+            text = _schema_grammar(schema, param)
+            return self._build(text, param, response_format.name or response_format.kind)
 
     def check_schema(self, schema: dict[str, Any], param: str) -> None:
         """Raise GrammarError naming `param` unless llguidance can enforce `schema`."""
-        error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
-                                                      self.tokenizer)
+        with _panics_as(_refusal(param)):
+            error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
+                                                          self.tokenizer)
         if error:
             raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
 
     def compile_lark(self, lark: str, param: str, source: str) -> Grammar:
         """A Grammar from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a JSON
         schema), or GrammarError naming `param`."""
-        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), param, source)
+        with _panics_as(_refusal(param)):
+            return self._build(llguidance.LLMatcher.grammar_from_lark(lark), param, source)
 
     def _build(self, text: str, param: str, source: str) -> Grammar:
         error = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
@@ -149,6 +160,23 @@ class GrammarCompiler:
         """A bitmask of `rows` rows that allows every token (int32 words, bit i of word w is
         token 32w + i)."""
         return llg_numpy.allocate_token_bitmask(rows, self.vocab_size)
+
+
+@contextlib.contextmanager
+def _panics_as(error: Callable[[str], Exception]) -> Iterator[None]:
+    # llguidance is Rust: a panic in it reaches Python as pyo3's PanicException, a
+    # BaseException that `except Exception` lets through (a schema whose error message it cut
+    # inside a character dropped the connection; on the engine thread it would end the engine).
+    try:
+        yield
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise error(f"the grammar engine failed: {exc}") from None
+
+
+def _refusal(param: str) -> Callable[[str], GrammarError]:
+    return lambda message: GrammarError(f"`{param}` cannot be enforced: {message}", param)
 
 
 def _readable(error: str) -> str:
@@ -170,14 +198,22 @@ def _nodes(node: Any) -> Iterator[dict[str, Any]]:
             yield from _nodes(child)
 
 
-def _check_multiple_of(schema: dict[str, Any], param: str) -> None:
-    # JSON Schema asks `multipleOf` > 0; llguidance refuses 0 but took a negative one as its
-    # absolute value.
-    for node in _nodes(schema):
-        value = node.get("multipleOf")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
-            raise GrammarError(f"`{param}`: multipleOf must be greater than 0, got {value}",
-                               param)
+def _check_meta(schema: dict[str, Any], param: str) -> None:
+    # The schema against its draft's meta-schema (its `$schema`, else 2020-12), formats such as
+    # a pattern's regex left to llguidance: a keyword of the wrong type (`"required": 5`,
+    # `"maxLength": "..."`) failed in the checks below (a 500) or made llguidance panic while
+    # formatting its error (no response at all).
+    kind = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = jsonschema.exceptions.best_match(kind(kind.META_SCHEMA).iter_errors(schema))
+    if error is None:
+        return
+    path = list(error.absolute_path)
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    if path and path[-1] == "type" and error.validator == "anyOf":
+        message = f"{error.instance!r} is not a type: one of {', '.join(_TYPES)}, or a list of them"
+    else:
+        message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+    raise GrammarError(f"`{param}{where}` is not valid JSON Schema: {message}", param)
 
 
 def _check_patterns(schema: dict[str, Any], param: str) -> None:
@@ -286,7 +322,7 @@ def _schema_grammar(schema: dict[str, Any], param: str) -> str:
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
                            param)
-    _check_multiple_of(schema, param)
+    _check_meta(schema, param)  # multipleOf > 0 too: llguidance took -2 as 2
     _check_patterns(schema, param)
     _check_finite(schema, param)
     try:
@@ -324,7 +360,8 @@ def token_masks(logits: mx.array, matchers: Sequence[GrammarMatcher | None]) -> 
     # slower at batch 4 and 16 (ADR 0012).
     for i, m in rows:
         try:
-            llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
+            with _panics_as(RuntimeError):
+                llg_numpy.fill_next_token_bitmask(m.raw, bitmask, i)
             m.check()
         except (RuntimeError, ValueError) as exc:
             raise MatcherError(i, exc) from exc

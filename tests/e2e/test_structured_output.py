@@ -109,8 +109,10 @@ def test_max_tokens_cuts_the_document_with_length(client, model_name):
 
 
 @pytest.mark.parametrize(("schema", "says"), [
-    ({"type": "objec"}, "Invalid type: objec"),
+    ({"type": "objec"}, "'objec' is not a type"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "string", "maxLength": "é" * 60}, "maxLength` is not valid JSON Schema"),
+    ({"type": "object", "required": 5}, "required` is not valid JSON Schema"),
 ])
 def test_a_schema_the_engine_cannot_enforce_is_a_400_naming_it(client, model_name, schema, says):
     with pytest.raises(openai.BadRequestError) as info:

@@ -32,7 +32,7 @@ def schema_format(schema: object) -> ResponseFormat:
 
 
 @pytest.mark.parametrize(("schema", "says"), [
-    ({"type": "objec"}, "Invalid type: objec"),
+    ({"type": "objec"}, "'objec' is not a type: one of array, boolean, integer, null, number"),
     ({"$ref": "#/definitions/missing"}, "/definitions/missing"),
     ({"type": "string", "pattern": "("}, "unclosed group"),
     ({"type": "integer", "minimum": "a"}, "minimum"),
@@ -93,6 +93,29 @@ def test_a_schema_no_value_satisfies_says_why_without_a_ref(compiler: GrammarCom
     assert "$ref" not in str(caught.value)
 
 
+@pytest.mark.parametrize(("schema", "where", "says"), [
+    # Each was a 500 (the checks below llguidance read them as their types), or no response
+    # at all (llguidance panicked cutting its message inside a character).
+    ({"type": "string", "maxLength": "é" * 60}, "schema.maxLength", "is not of type 'integer'"),
+    ({"type": "object", "required": 5}, "schema.required", "5 is not of type 'array'"),
+    ({"properties": [1]}, "schema.properties", "[1] is not of type 'object'"),
+    ({"allOf": 5}, "schema.allOf", "5 is not of type 'array'"),
+    ({"type": "array", "prefixItems": 5, "minItems": 1}, "schema.prefixItems", "not of type"),
+    ({"anyOf": [{"type": "string"}, {"required": [1]}]}, "schema.anyOf[1].required[0]",
+     "1 is not of type 'string'"),
+    ({"properties": {"a": {"minimum": "x"}}}, "schema.properties.a.minimum",
+     "'x' is not of type 'number'"),
+])
+def test_a_keyword_of_the_wrong_type_is_named_by_its_path(compiler: GrammarCompiler,
+                                                          schema: dict[str, object], where: str,
+                                                          says: str) -> None:
+    with pytest.raises(GrammarError) as caught:
+        compiler.compile(ResponseFormat("json_schema", schema))
+    assert f"`response_format.json_schema.{where}` is not valid JSON Schema: " in \
+        str(caught.value) and says in str(caught.value)
+    assert caught.value.param == "response_format.json_schema.schema"
+
+
 @pytest.mark.parametrize(("pattern", "count"), [("^a{1000000}$", "1,000,000"),
                                                 ("^(a{1000}){1000}$", "1,000,000"),
                                                 ("^(x|(ab){5000}){30}$", "150,000")])
@@ -130,9 +153,11 @@ def test_recursive_schemas_with_a_way_out_compile(compiler: GrammarCompiler,
 
 def test_multiple_of_must_be_positive(compiler: GrammarCompiler) -> None:
     # JSON Schema's rule; llguidance refuses 0 but took -2 as 2.
-    for schema in ({"type": "number", "multipleOf": -2},
-                   {"type": "object", "properties": {"n": {"multipleOf": -0.5}}}):
-        with pytest.raises(GrammarError, match="multipleOf must be greater than 0, got -"):
+    for schema, where in (({"type": "number", "multipleOf": -2}, "schema.multipleOf"),
+                          ({"type": "object", "properties": {"n": {"multipleOf": -0.5}}},
+                           "schema.properties.n.multipleOf")):
+        with pytest.raises(GrammarError, match=f"{where}` is not valid JSON Schema: -[0-9.]+ is "
+                           "less than or equal to the minimum of 0"):
             compiler.compile(ResponseFormat("json_schema", schema))
     # A property named multipleOf, and one in an enum's values, are no keyword.
     compiler.compile(ResponseFormat("json_schema", {
@@ -220,3 +245,14 @@ def test_compiled_schema_masks_out_everything_outside_its_enum(compiler: Grammar
     for token in json.dumps("FR")[1:].encode() + b"}":
         matcher.consume(token)
     assert matcher.accepting
+
+
+def test_a_panic_in_the_grammar_engine_is_a_grammar_error(compiler: GrammarCompiler) -> None:
+    # llguidance panics cutting its message inside a character; pyo3's PanicException is a
+    # BaseException, which passed every `except Exception` (the connection dropped with no
+    # response). A Lark grammar reaches llguidance without the meta-schema check.
+    lark = "start: %json " + json.dumps({"type": "string", "maxLength": "é" * 60},
+                                        ensure_ascii=False)
+    with pytest.raises(GrammarError, match="`tools` cannot be enforced: the grammar engine "
+                       "failed: end byte index 100 is not a char boundary"):
+        compiler.compile_lark(lark, "tools", "tool_calls")
