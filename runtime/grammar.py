@@ -126,17 +126,23 @@ class GrammarCompiler:
         else:
             assert response_format.schema is not None
             schema = response_format.schema
-        with _panics_as(_refusal(param)):
-            text = _schema_grammar(schema, param)
-            return self._build(text, param, response_format.name or response_format.kind)
+        try:
+            with _panics_as(_refusal(param)):
+                text = _schema_grammar(schema, param)
+                return self._build(text, param, response_format.name or response_format.kind)
+        except GrammarError as exc:
+            raise _explained(schema, exc) from None
 
     def check_schema(self, schema: dict[str, Any], param: str) -> None:
         """Raise GrammarError naming `param` unless llguidance can enforce `schema`."""
-        with _panics_as(_refusal(param)):
-            error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
-                                                          self.tokenizer)
-        if error:
-            raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
+        try:
+            with _panics_as(_refusal(param)):
+                error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
+                                                              self.tokenizer)
+            if error:
+                raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
+        except GrammarError as exc:
+            raise _explained(schema, exc) from None
 
     def compile_lark(self, lark: str, param: str, source: str) -> Grammar:
         """A Grammar from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a JSON
@@ -198,22 +204,48 @@ def _nodes(node: Any) -> Iterator[dict[str, Any]]:
             yield from _nodes(child)
 
 
-def _check_meta(schema: dict[str, Any], param: str) -> None:
-    # The schema against its draft's meta-schema (its `$schema`, else 2020-12), formats such as
-    # a pattern's regex left to llguidance: a keyword of the wrong type (`"required": 5`,
-    # `"maxLength": "..."`) failed in the checks below (a 500) or made llguidance panic while
-    # formatting its error (no response at all).
-    kind = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    error = jsonschema.exceptions.best_match(kind(kind.META_SCHEMA).iter_errors(schema))
+def _explained(schema: dict[str, Any], refusal: GrammarError) -> GrammarError:
+    # A refused schema that breaks its draft's meta-schema is told by that (the keyword's path
+    # and what it must be), clearer than llguidance's message, or its panic's. The meta-schema
+    # only explains: llguidance enforces schemas it does not strictly allow (draft-07 tuple
+    # `items` without `$schema`, OpenAPI's boolean `exclusiveMinimum`), and still does.
+    problem = _meta_problem(schema)
+    if problem is None:
+        return refusal
+    where, message = problem
+    return GrammarError(f"`{refusal.param}{where}` is not valid JSON Schema: {message}",
+                        refusal.param)
+
+
+def _meta_problem(schema: dict[str, Any]) -> tuple[str, str] | None:
+    # The schema's most relevant error against its draft's meta-schema (its `$schema`, else
+    # 2020-12; formats such as a pattern's regex left to llguidance): (path, message).
+    declared = schema.get("$schema")
+    kind = jsonschema.Draft202012Validator
+    try:
+        if isinstance(declared, str):
+            kind = jsonschema.validators.validator_for(schema, default=kind)
+        error = jsonschema.exceptions.best_match(kind(kind.META_SCHEMA).iter_errors(schema))
+    except Exception:  # noqa: BLE001 - no explanation, llguidance's message stands
+        return None
     if error is None:
-        return
+        return None
     path = list(error.absolute_path)
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
     if path and path[-1] == "type" and error.validator == "anyOf":
-        message = f"{error.instance!r} is not a type: one of {', '.join(_TYPES)}, or a list of them"
-    else:
-        message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
-    raise GrammarError(f"`{param}{where}` is not valid JSON Schema: {message}", param)
+        return where, f"{error.instance!r} is not a type: one of {', '.join(_TYPES)}, or a " \
+            "list of them"
+    return where, error.message if len(error.message) <= 200 else error.message[:197] + "..."
+
+
+def _check_multiple_of(schema: dict[str, Any], param: str) -> None:
+    # JSON Schema asks `multipleOf` > 0; llguidance refuses 0 but took a negative one as its
+    # absolute value.
+    for node in _nodes(schema):
+        value = node.get("multipleOf")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            raise GrammarError(f"`{param}`: multipleOf must be greater than 0, got {value}",
+                               param)
 
 
 def _check_patterns(schema: dict[str, Any], param: str) -> None:
@@ -291,10 +323,10 @@ def _finite(node: Any, finite: dict[str, bool]) -> bool:
         return True
     if isinstance(node.get("$ref"), str) and not finite.get(node["$ref"], True):
         return False
-    if not all(_finite(s, finite) for s in node.get("allOf", [])):
+    if not all(_finite(s, finite) for s in _list(node, "allOf")):
         return False
     for key in ("anyOf", "oneOf"):
-        if node.get(key) and not any(_finite(s, finite) for s in node[key]):
+        if _list(node, key) and not any(_finite(s, finite) for s in node[key]):
             return False
     if "const" in node or "enum" in node:
         return True
@@ -306,11 +338,13 @@ def _finite(node: Any, finite: dict[str, bool]) -> bool:
 
 def _finite_as(kind: Any, node: dict[str, Any], finite: dict[str, bool]) -> bool:
     if kind == "object":
-        properties, other = node.get("properties", {}), node.get("additionalProperties", True)
+        properties = node.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        other = node.get("additionalProperties", True)
         return all(_finite(properties.get(name, other), finite)
-                   for name in node.get("required", []) if isinstance(name, str))
+                   for name in _list(node, "required") if isinstance(name, str))
     if kind == "array":
-        prefix, items = node.get("prefixItems", []), node.get("items", True)
+        prefix, items = _list(node, "prefixItems"), node.get("items", True)
         least = node.get("minItems", 0)
         least = least if isinstance(least, int) else 0
         return all(_finite(prefix[i] if i < len(prefix) else items, finite)
@@ -318,11 +352,18 @@ def _finite_as(kind: Any, node: dict[str, Any], finite: dict[str, bool]) -> bool
     return True
 
 
+def _list(node: dict[str, Any], key: str) -> list[Any]:
+    # A keyword that should hold a list (a wrong type is llguidance's, or the meta-schema's, to
+    # refuse: these checks judge what they can read).
+    value = node.get(key)
+    return value if isinstance(value, list) else []
+
+
 def _schema_grammar(schema: dict[str, Any], param: str) -> str:
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"`{param}` is longer than {MAX_SCHEMA_CHARS} characters as JSON",
                            param)
-    _check_meta(schema, param)  # multipleOf > 0 too: llguidance took -2 as 2
+    _check_multiple_of(schema, param)
     _check_patterns(schema, param)
     _check_finite(schema, param)
     try:

@@ -247,6 +247,30 @@ def test_compiled_schema_masks_out_everything_outside_its_enum(compiler: Grammar
     assert matcher.accepting
 
 
+@pytest.mark.parametrize("schema", [
+    # Not strictly valid under the meta-schema the check reads (2020-12 without `$schema`), but
+    # enforced by llguidance as clients mean them: they compiled before the meta-schema check,
+    # and must still (the check only explains a schema llguidance refuses).
+    {"type": "object", "properties": {"t": {"type": "array", "items": [
+        {"type": "integer"}, {"type": "string"}], "minItems": 2, "maxItems": 2}},
+     "required": ["t"]},
+    {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    {"type": "string", "title": 5, "description": None},
+])
+def test_schemas_llguidance_enforces_compile_though_not_strictly_valid(
+        compiler: GrammarCompiler, schema: dict[str, object]) -> None:
+    compiler.compile(ResponseFormat("json_schema", schema))
+
+
+def test_a_non_string_schema_uri_is_no_crash(compiler: GrammarCompiler) -> None:
+    # jsonschema's draft lookup raised on it (a 500); llguidance ignores it, and so do we.
+    for declared in (5, ["a"], {"a": 1}):
+        compiler.compile(ResponseFormat("json_schema", {"$schema": declared, "type": "object"}))
+        with pytest.raises(GrammarError, match=r"schema\.required` is not valid JSON Schema"):
+            compiler.compile(ResponseFormat("json_schema", {"$schema": declared,
+                                                            "type": "object", "required": 5}))
+
+
 def test_a_panic_in_the_grammar_engine_is_a_grammar_error(compiler: GrammarCompiler) -> None:
     # llguidance panics cutting its message inside a character; pyo3's PanicException is a
     # BaseException, which passed every `except Exception` (the connection dropped with no
