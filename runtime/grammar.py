@@ -126,23 +126,17 @@ class GrammarCompiler:
         else:
             assert response_format.schema is not None
             schema = response_format.schema
-        try:
-            with _panics_as(_refusal(param)):
-                text = _schema_grammar(schema, param)
-                return self._build(text, param, response_format.name or response_format.kind)
-        except GrammarError as exc:
-            raise _explained(schema, exc) from None
+        with _schema_refusals(schema, param):
+            text = _schema_grammar(schema, param)
+            return self._build(text, param, response_format.name or response_format.kind)
 
     def check_schema(self, schema: dict[str, Any], param: str) -> None:
         """Raise GrammarError naming `param` unless llguidance can enforce `schema`."""
-        try:
-            with _panics_as(_refusal(param)):
-                error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
-                                                              self.tokenizer)
+        with _schema_refusals(schema, param):
+            error = llguidance.LLMatcher.validate_grammar(_schema_grammar(schema, param),
+                                                          self.tokenizer)
             if error:
                 raise GrammarError(f"`{param}` cannot be enforced: {error}", param)
-        except GrammarError as exc:
-            raise _explained(schema, exc) from None
 
     def compile_lark(self, lark: str, param: str, source: str) -> Grammar:
         """A Grammar from a Lark grammar (llguidance's dialect: `%json {schema}` embeds a JSON
@@ -183,6 +177,16 @@ def _panics_as(error: Callable[[str], Exception]) -> Iterator[None]:
 
 def _refusal(param: str) -> Callable[[str], GrammarError]:
     return lambda message: GrammarError(f"`{param}` cannot be enforced: {message}", param)
+
+
+@contextlib.contextmanager
+def _schema_refusals(schema: dict[str, Any], param: str) -> Iterator[None]:
+    # Compiling `schema`: a panic is a refusal, and a refusal is explained (`_explained`).
+    try:
+        with _panics_as(_refusal(param)):
+            yield
+    except GrammarError as exc:
+        raise _explained(schema, exc) from None
 
 
 def _readable(error: str) -> str:
