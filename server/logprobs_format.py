@@ -33,6 +33,7 @@ from typing import Any
 
 from runtime.api import TokenEvent, TokenLogprob
 from runtime.model import bytes_to_unicode
+from server.prompts import added_around
 from server.validation import ValidRequest
 
 # What vLLM reports for a log-probability of -inf: JSON has no infinities.
@@ -176,16 +177,9 @@ def choice_logprobs(valid: ValidRequest, tokenizer: Any) -> dict[int, ChoiceLogp
             echo = prompt.text if prompt.text is not None else \
                 str(tokenizer.decode(list(prompt.tokens)))
             if prompt.text is not None:  # encoded with the tokenizer's special tokens
-                added = _added_before(tokenizer)
+                added = len(added_around(tokenizer)[0])
         for j in range(valid.n):
             out[i * valid.n + j] = ChoiceLogprobs(valid.kind, texts, num_top, echo,
                                                   prompt.tokens, added)
     return out
 
-
-def _added_before(tokenizer: Any) -> int:
-    # How many tokens `encode` puts before a text (BOS).
-    full = list(tokenizer.encode("a"))
-    bare = list(tokenizer.encode("a", add_special_tokens=False))
-    return next((k for k in range(len(full) - len(bare) + 1)
-                 if full[k:k + len(bare)] == bare), 0)

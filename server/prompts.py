@@ -89,13 +89,7 @@ class TokenizerEncoder:
 
     @functools.cached_property
     def _added_around(self) -> tuple[list[int], list[int]]:
-        # The tokens `encode` adds before and after a text (BOS, EOS) with add_special_tokens.
-        bare = list(self.tokenizer.encode("a", add_special_tokens=False))
-        full = list(self.tokenizer.encode("a", add_special_tokens=True))
-        for start in range(len(full) - len(bare) + 1):
-            if full[start:start + len(bare)] == bare:
-                return full[:start], full[start + len(bare):]
-        raise ValueError("the tokenizer's added special tokens do not surround its text")
+        return added_around(self.tokenizer)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                     tools: list[dict[str, Any]] | None = None) -> str:
@@ -113,6 +107,16 @@ class TokenizerEncoder:
     def token_strs(self, tokens: list[int]) -> list[str]:
         """Each token id's vocabulary entry (its raw piece, e.g. `Ġthe`), as vLLM reports."""
         return [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(tokens)]
+
+
+def added_around(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The tokens `tokenizer.encode` adds before and after a text (BOS, EOS) by default."""
+    bare = list(tokenizer.encode("a", add_special_tokens=False))
+    full = list(tokenizer.encode("a", add_special_tokens=True))
+    for start in range(len(full) - len(bare) + 1):
+        if full[start:start + len(bare)] == bare:
+            return full[:start], full[start + len(bare):]
+    raise ValueError("the tokenizer's added special tokens do not surround its text")
 
 
 def _placeholder(mark: str, found: list[str], special: str) -> str:
