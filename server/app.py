@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from sanic import Request, Sanic
-from sanic.exceptions import SanicException
+from sanic.exceptions import RequestTimeout, SanicException
 from sanic.response import JSONResponse, json
 
 from server.access import install_access
@@ -47,7 +47,9 @@ def create_app(config: ServerConfig, engine: Any | None = None) -> Sanic:
     The app owns its engine either way: it starts it (if not running) before serving and stops
     it after the server stops.
     """
-    app = Sanic(f"fairtick_{next(_app_numbers)}", configure_logging=False)
+    app = Sanic(f"fairtick_{next(_app_numbers)}", configure_logging=False,
+                request_class=TimedRequest)
+    app.config.REQUEST_TIMEOUT = config.request_timeout_s
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.RESPONSE_TIMEOUT = config.response_timeout_s
     app.config.FALLBACK_ERROR_FORMAT = "json"
@@ -158,6 +160,24 @@ async def _stop_engine(app: Sanic) -> None:
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     return _answer(request, exc)
+
+
+class TimedRequest(Request):
+    """A request whose body must arrive within the request timeout. Sanic reads a body before
+    the handler, in the handler's stage, where only the response timeout (an hour: a whole
+    generation may queue that long) applied: a client that sent its headers and stalled held
+    the connection for it. On time-out: 408, and the connection closes (its body unread)."""
+
+    async def receive_body(self) -> None:
+        timeout_s = self.app.config.REQUEST_TIMEOUT
+        try:
+            await asyncio.wait_for(super().receive_body(), timeout_s)
+        except asyncio.TimeoutError:
+            http = self.stream
+            if http is not None:  # answer, then close without reading the rest
+                http.keep_alive, http.request_body = False, None
+            raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s "
+                                 "(send it whole)") from None
 
 
 async def _sanic_error(request: Request, exc: SanicException) -> JSONResponse:

@@ -24,6 +24,9 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # A whole (non-streamed) generation may legitimately wait a long time in the queue.
     response_timeout_s: float = 3600.0
+    # A request's headers and body must arrive within this (Sanic's request timeout covered the
+    # headers only: a body that stalled held its connection for the response timeout).
+    request_timeout_s: float = 60.0
     # On shutdown, how long requests in flight may still run before they are aborted (503).
     stop_grace_s: float = 5.0
     # Connections the kernel queues before the server accepts them. Sanic's default of 100 lets
@@ -53,6 +56,8 @@ class ServerConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if not self.response_timeout_s > 0:
             raise ValueError(f"response_timeout_s must be > 0, got {self.response_timeout_s}")
         if self.listen_backlog < 1:

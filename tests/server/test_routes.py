@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -191,6 +193,27 @@ def test_a_full_queue_is_429_with_retry_after_at_once(served):
     holder.drop()
     events = rest(queued)
     assert len(sse_text(events)) == 3, "the queued request runs once the slot is free"
+
+
+def test_a_body_that_stalls_is_408_at_the_request_timeout_and_the_connection_closes(bundle):
+    # Headers, then 10 of 100 declared bytes, then nothing: the connection was held for the
+    # response timeout (an hour), one stalled client per connection.
+    with serve(bundle, server={"request_timeout_s": 1.0}) as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: 100\r\n\r\n" + b'{"prompt"' + b" ")
+            start, data = time.monotonic(), b""
+            while chunk := sock.recv(65536):  # to the connection's end
+                data += chunk
+            waited = time.monotonic() - start
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and 0.9 < waited < 10, (head, waited)
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout"
+        assert "the request body did not arrive within 1 s" in error["message"]
+        # A whole body on time is served as before.
+        assert post(served.url, "/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 200
 
 
 def test_a_request_over_the_whole_kv_budget_is_400_and_a_short_budget_queues(bundle):
