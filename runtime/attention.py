@@ -26,6 +26,9 @@ slice, ~0.4x for 16, about the same for one token a row (scripts/bench_attention
 test_attention.py). Without a C++ compiler MLX runs the kernel's ops one by one (slower than
 `mx.softmax`), so then, or with $FAIRTICK_SOFTMAX=exact, `attend` is the fallback's ops with
 MLX's softmax and bit-equal to it as above (ADR 0014).
+
+With the fast softmax, a float32 prompt slice's attention goes to one C++ primitive instead of
+those ops where it can be built (runtime/native.py, ADR 0015: 0.2-0.4x their time).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import scaled_dot_product_attention
+
+from runtime import native
 
 SOFTMAX_ENV = "FAIRTICK_SOFTMAX"
 SOFTMAX_SETTINGS = ("auto", "exact")
@@ -112,6 +117,8 @@ def warm_up() -> None:
     memory is taken."""
     fast_softmax_reason()  # a bad $FAIRTICK_SOFTMAX is refused, as at import
     attention_streams_setting()  # and a bad $FAIRTICK_ATTENTION_STREAMS
+    native.setting()  # and a bad $FAIRTICK_ATTENTION_KERNEL
+    native.slice_attention()  # built now (~10 s on a machine's first run), not in a tick
     if FAST_SOFTMAX:
         mx.eval(softmax(mx.zeros((1, 1, 2, 3))))
         if ATTENTION_STREAMS > 1:
@@ -143,7 +150,11 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scal
         batch, num_kv_heads, group * length, dim)
     if isinstance(mask, str) and mask != "causal":
         raise ValueError(f"unknown attention mask {mask!r}: an array, 'causal' or None")
-    if FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
+    kernel = native.slice_attention() if FAST_SOFTMAX and mask == "causal" and 1 < length \
+        else None
+    if kernel is not None and queries.dtype == keys.dtype == values.dtype == mx.float32:
+        out = kernel(queries, keys, values, length)
+    elif FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
         out = _attend_slice(queries, keys, values, group, length)
     else:
         if FAST_SOFTMAX and length == 1:

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Where attention's time goes on MLX's CPU build: the product form, and `exp`.
+"""Where attention's time goes on MLX's CPU build: the product form, `exp`, and the kernel.
 
 Times, on the built-in model's attention shape (4 query heads, 2 KV heads, head dim 32), one
 layer's attention for r rows of t query tokens each at context c (t > 1 with the causal mask,
 r > 1 with a boolean mask as a decode batch has): `mx.fast.scaled_dot_product_attention` and
 fairtick's `runtime.attention.attend` (the same ops, the query heads of a group folded into one
-product) with MLX's softmax and with the fast one, MLX's softmax, the fast softmax and `exp`
-over the same scores, and numpy's `exp` on the same array. Medians of --reps runs, milliseconds.
+product) with MLX's softmax, with the fast one in MLX's ops, and (a slice: t > 1) with the
+slice-attention kernel (runtime/native.py); MLX's softmax, the fast softmax and `exp` over the
+same scores, and numpy's `exp` on the same array. Medians of --reps runs, milliseconds.
 
     .venv/bin/python scripts/bench_attention_cpu.py [--contexts 2000,8000] [--tokens 2,16,64]
         [--rows 1]
@@ -38,12 +39,12 @@ def median_ms(fn: Callable[[], object], reps: int) -> float:
 
 
 def time_shape(c: int, t: int, r: int, reps: int) -> tuple[float, ...]:
-    """(SDPA, attend, attend with the fast softmax, softmax, fast softmax, mx.exp, numpy exp)
-    ms for r rows of t queries at context c, and whether attend's output (MLX's softmax) equals
-    SDPA's bit for bit (1.0 or 0.0)."""
+    """(SDPA, attend, attend with the fast softmax's ops, attend with the kernel, softmax, fast
+    softmax, mx.exp, numpy exp) ms for r rows of t queries at context c, and whether attend's
+    output (MLX's softmax) equals SDPA's bit for bit (1.0 or 0.0)."""
     import mlx.core as mx  # after runtime (main), which loads the BLAS before MLX
 
-    from runtime import attention
+    from runtime import attention, native
     from runtime.attention import attend, softmax
 
     q = mx.random.normal((r, HEADS, t, HEAD_DIM))
@@ -64,8 +65,19 @@ def time_shape(c: int, t: int, r: int, reps: int) -> tuple[float, ...]:
                  q, k, v, scale=scale, mask=mask)), reps),
              median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps)]
     attention.FAST_SOFTMAX = fast
+    kernel = native.slice_attention() if fast and t > 1 else None
+
+    def fast_ops() -> None:
+        native.slice_attention = lambda: None  # attend's ops: the kernel's absence
+        try:
+            mx.eval(attend(q, k, v, None, scale, mask))
+        finally:
+            native.slice_attention = found
+
+    found = native.slice_attention
+    times.append(median_ms(fast_ops, reps) if fast else float("nan"))
     times.append(median_ms(lambda: mx.eval(attend(q, k, v, None, scale, mask)), reps)
-                 if fast else float("nan"))
+                 if kernel is not None else float("nan"))
     times += [median_ms(lambda: mx.eval(mx.softmax(scores, axis=-1, precise=True)), reps),
               median_ms(lambda: mx.eval(softmax(scores)), reps) if fast else float("nan"),
               median_ms(lambda: mx.eval(mx.exp(scores)), reps),
@@ -81,20 +93,25 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     import runtime  # noqa: F401  (loads the BLAS before MLX is imported)
+    from runtime import native
     from runtime.attention import fast_softmax_reason
 
     reason = fast_softmax_reason()
     print(f"fast softmax: {'no (' + reason + ')' if reason else 'yes'}")
+    kernel_reason = native.reason()
+    print(f"slice-attention kernel: {'no (' + kernel_reason + ')' if kernel_reason else 'yes'}")
     print("| rows | c | t | SDPA ms | attend ms | attend / SDPA | bit-equal | attend, fast "
-          "softmax ms | / SDPA | softmax ms | fast softmax ms | mx.exp ms | numpy exp ms |")
-    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+          "softmax ms | / SDPA | kernel ms | kernel / fast softmax | softmax ms | "
+          "fast softmax ms | mx.exp ms | numpy exp ms |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in (int(x) for x in args.rows.split(",")):
         for c in (int(x) for x in args.contexts.split(",")):
             for t in (int(x) for x in args.tokens.split(",")):
-                sdpa, ours, fast, soft, fast_soft, exp, npexp, equal = time_shape(c, t, r,
-                                                                                  args.reps)
+                sdpa, ours, fast, kernel, soft, fast_soft, exp, npexp, equal = time_shape(
+                    c, t, r, args.reps)
                 print(f"| {r} | {c} | {t} | {sdpa:.2f} | {ours:.2f} | {ours / sdpa:.2f} | "
                       f"{'yes' if equal else 'no'} | {fast:.2f} | {fast / sdpa:.2f} | "
+                      f"{kernel:.2f} | {kernel / fast:.2f} | "
                       f"{soft:.2f} | {fast_soft:.2f} | {exp:.2f} | {npexp:.2f} |")
     return 0
 

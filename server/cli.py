@@ -107,6 +107,11 @@ def serve_main(argv: Sequence[str]) -> int:
     log.info("attention softmax: %s", "fast (compiled exp, with compiled RMSNorm and rope "
              "rotation; $FAIRTICK_SOFTMAX=exact for MLX's)" if reason is None
              else f"MLX's ({reason}; RMSNorm and rope MLX's too)")
+    from runtime import native
+
+    kernel_reason = native.reason()
+    log.info("slice attention: %s", f"fairtick's kernel (${native.KERNEL_ENV}=off for MLX's ops)"
+             if kernel_reason is None else f"MLX's ops ({kernel_reason})")
     from runtime.attention import ATTENTION_STREAMS, STREAMS_ENV
 
     log.info("attention streams: %s", f"2 (a tick's segments spread over two CPU streams; "

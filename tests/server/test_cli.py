@@ -123,6 +123,13 @@ def test_a_bad_attention_streams_setting_refuses_to_start(monkeypatch, capsys):
         capsys.readouterr().err
 
 
+def test_a_bad_attention_kernel_setting_refuses_to_start(monkeypatch, capsys):
+    monkeypatch.setenv("FAIRTICK_ATTENTION_KERNEL", "fast")
+    assert main(["serve"]) == 2
+    assert "$FAIRTICK_ATTENTION_KERNEL='fast': expected one of ('auto', 'off')" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("where", ["a-file", "a-file/below"])
 def test_a_cache_directory_that_cannot_be_used_refuses_to_start(where, tmp_path, monkeypatch,
                                                                 capsys):

@@ -1,0 +1,136 @@
+"""The slice-attention kernel (runtime/native.py) against attention in float64, and its fallbacks.
+
+The kernel must compute a causal slice's attention against its cache: every query sees every
+cached key and its own slice's keys up to its position, for any cache length (none, less than
+a key block, block edges), slice length (one 8-wide pass of query rows, several 16-wide ones,
+a last one part-filled), key layout (a cache's view into a larger buffer, a last axis that is
+not contiguous) and batch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from runtime import attention, native
+from runtime.attention import attend
+
+
+@pytest.fixture
+def kernel():
+    found = native.slice_attention()
+    if found is None:
+        pytest.skip(f"no slice-attention kernel here: {native.reason()}")
+    return found
+
+
+def float64_attention(q: mx.array, k: mx.array, v: mx.array, length: int) -> np.ndarray:
+    """Causal attention of the last `length` positions: q (B, H, group * length, D) group-major,
+    k and v (B, H, keys, D)."""
+    q64, k64, v64 = (np.array(a).astype(np.float64) for a in (q, k, v))
+    keys = k64.shape[2]
+    scores = q64 @ k64.swapaxes(-1, -2)
+    position = np.arange(q64.shape[2]) % length
+    visible = np.arange(keys)[None, :] <= (keys - length + position)[:, None]
+    scores = np.where(visible, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (weights / weights.sum(axis=-1, keepdims=True)) @ v64
+
+
+def inputs(batch: int, heads: int, group: int, length: int, cached: int, seed: int):
+    mx.random.seed(seed)
+    q = mx.random.normal((batch, heads, group * length, 32)) * 0.3
+    # A cache's keys are a view of the first keys of a larger buffer (mlx-lm's KVCache).
+    buffer_k = mx.random.normal((batch, heads, cached + length + 50, 32))
+    buffer_v = mx.random.normal((batch, heads, cached + length + 50, 32))
+    return q, buffer_k[:, :, :cached + length], buffer_v[:, :, :cached + length]
+
+
+# (batch, kv heads, group, slice length, cached keys)
+SHAPES = [(1, 2, 2, 2, 0), (1, 2, 2, 4, 9000), (1, 1, 2, 5, 63), (1, 2, 2, 8, 64),
+          (1, 2, 2, 9, 65), (1, 2, 1, 24, 700), (2, 2, 2, 7, 130), (1, 1, 4, 100, 3),
+          (1, 2, 2, 1, 40)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_the_kernel_computes_causal_slice_attention(shape, kernel):
+    batch, heads, group, length, cached = shape
+    q, k, v = inputs(batch, heads, group, length, cached, seed=sum(shape))
+    out = kernel(q, k, v, length)
+    assert out.shape == q.shape and out.dtype == mx.float32
+    truth = float64_attention(q, k, v, length)
+    assert np.allclose(np.array(out), truth, rtol=1e-4, atol=2e-6), \
+        np.abs(np.array(out) - truth).max()
+
+
+def test_keys_whose_last_axis_is_not_contiguous_are_read_right(kernel):
+    q, k, v = inputs(1, 2, 2, 6, 200, seed=3)
+    k_t = mx.contiguous(k.swapaxes(-1, -2)).swapaxes(-1, -2)  # strides (..., 1, keys)
+    v_t = mx.contiguous(v.swapaxes(-1, -2)).swapaxes(-1, -2)
+    assert np.allclose(np.array(kernel(q, k_t, v_t, 6)), np.array(kernel(q, k, v, 6)),
+                       rtol=0, atol=0)
+
+
+def test_attend_runs_the_kernel_and_its_ops_alike(kernel, monkeypatch):
+    # attend's fast ops (the kernel off) and the kernel: the same attention, to rounding.
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+    mx.random.seed(11)
+    q = mx.random.normal((1, 4, 12, 32))
+    k, v = mx.random.normal((1, 2, 912, 32)), mx.random.normal((1, 2, 912, 32))
+    with_kernel = attend(q, k, v, None, 0.17, "causal")
+    monkeypatch.setattr(native, "slice_attention", lambda: None)
+    with_ops = attend(q, k, v, None, 0.17, "causal")
+    assert mx.allclose(with_kernel, with_ops, rtol=1e-4, atol=1e-5).item()
+
+
+def test_the_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("FAIRTICK_ATTENTION_KERNEL", "fast")
+    with pytest.raises(ValueError, match="'fast'.*'auto', 'off'"):
+        native.setting()
+
+
+def run_fresh(env: dict[str, str], code: str) -> str:
+    # The kernel is loaded once per process: each setting in a process of its own.
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+REASON = "import runtime; from runtime import native; print(native.reason())"
+
+
+def test_off_is_said_and_attention_runs_mlxs_ops(monkeypatch, tmp_path):
+    import os
+
+    env = {**os.environ, "FAIRTICK_ATTENTION_KERNEL": "off"}
+    assert run_fresh(env, REASON) == "$FAIRTICK_ATTENTION_KERNEL=off"
+    env = {**os.environ, "FAIRTICK_SOFTMAX": "exact"}
+    assert run_fresh(env, REASON).startswith("MLX's softmax runs ($FAIRTICK_SOFTMAX=exact)")
+
+
+def test_a_failed_build_is_said_and_attention_still_runs(tmp_path):
+    import os
+
+    env = {**os.environ, "CXX": "false", "FAIRTICK_CACHE": str(tmp_path)}
+    code = ("import runtime, mlx.core as mx; from runtime import native; "
+            "from runtime.attention import attend; "
+            "out = attend(mx.ones((1, 4, 3, 32)), mx.ones((1, 2, 9, 32)), "
+            "mx.ones((1, 2, 9, 32)), None, 0.17, 'causal'); "
+            "print(native.reason()); print(mx.allclose(out, mx.ones_like(out)).item())")
+    reason, same = run_fresh(env, code).splitlines()
+    assert reason.startswith("building slice_attention.cpp failed"), reason
+    assert same == "True"
+    assert not list(tmp_path.glob("slice-attention-*"))  # nothing half-built left
+
+
+def test_shapes_that_are_no_slice_are_refused(kernel):
+    q, k = mx.ones((1, 2, 4, 8)), mx.ones((1, 2, 5, 8))
+    with pytest.raises(ValueError, match="must match queries"):
+        kernel(q, k, mx.ones((1, 2, 5, 4)), 2)
+    with pytest.raises(ValueError, match="divide the query rows"):
+        kernel(q, k, k, 3)
