@@ -145,21 +145,15 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolC
     return (content or None) if calls else content, calls
 
 
-def loads_json(text: str) -> Any:
-    """`text` as JSON (RFC 8259): NaN, Infinity and numbers past the float range, which
-    Python's json accepts and no client's parser need, are a ValueError."""
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+def loads_as_written(text: str) -> Any:
+    """`text` as JSON with each number that has a fraction or exponent kept as written (`_Float`):
+    a number past the float range is valid JSON (a tool call's arguments may hold one, as the
+    model wrote it); NaN and Infinity, which are not, are a ValueError."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_Float)
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def _finite(literal: str) -> float:
-    value = float(literal)
-    if not math.isfinite(value):
-        raise ValueError(f"{literal} is past the float range")
-    return value
 
 
 def _read_call(body: str, names: set[str]) -> ToolCall | None:
@@ -169,7 +163,7 @@ def _read_call(body: str, names: set[str]) -> ToolCall | None:
     # "number") lets a model write one: it is kept as written, where json would make it
     # Infinity (not JSON) and the forced call was lost to the content.
     try:
-        value = json.loads(body, parse_constant=_no_constant, parse_float=_Float)
+        value = loads_as_written(body)
     except ValueError:
         return None
     if not (isinstance(value, dict) and value.get("name") in names

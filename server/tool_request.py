@@ -22,7 +22,7 @@ from server.tool_calls import (
     OPEN,
     Function,
     ToolChoice,
-    loads_json,
+    loads_as_written,
     render_call,
     tool_format,
     tools_system_prompt,
@@ -119,7 +119,8 @@ def _check_arguments(messages: list[dict[str, Any]]) -> None:
         for j, call in enumerate(message.get("tool_calls", ())):
             arguments = call["function"]["arguments"]
             try:
-                is_object = isinstance(loads_json(arguments), dict)
+                # As the server writes them: numbers past the float range are kept.
+                is_object = isinstance(loads_as_written(arguments), dict)
             except ValueError:
                 is_object = False
             if not is_object:

@@ -509,12 +509,19 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     called = validate_request("chat", {"messages": [{"role": "assistant", "tool_calls": [call]}]},
                               roomy, encoder()).prompt_tokens
     assert '"name": "f", "arguments": {}' in encoder().decode(list(called)), "rendered"
-    # NaN, Infinity and 1e400 parse in Python's json, not in a client's: no JSON object.
-    for arguments in ("[1]", "{", "", '{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}'):
+    # NaN and Infinity parse in Python's json, and are not JSON: no JSON object.
+    for arguments in ("[1]", "{", "", '{"a": NaN}', '{"a": -Infinity}'):
         bad = {**call, "function": {"name": "f", "arguments": arguments}}
         expect(chat, messages=[{**ok, "tool_calls": [bad]}],
                param="messages[0].tool_calls[0].function.arguments",
                match="must be a JSON object as a string")
+    # A number past the float range is JSON, and a call the server returned may hold one
+    # (server/tool_calls.py keeps it as written): sent back, it is taken.
+    huge = {**call, "function": {"name": "f", "arguments": '{"a": 1e400, "b": -4e9999}'}}
+    sent_back = validate_request("chat", {"messages": [{"role": "assistant",
+                                                        "tool_calls": [huge]}]},
+                                 roomy, encoder()).prompt_tokens
+    assert '"arguments": {"a": 1e400, "b": -4e9999}' in encoder().decode(list(sent_back))
     err = expect(chat, messages=[{**ok, "function_call": call["function"]}],
                  param="messages[0].function_call", match="not supported")
     assert err.code == "unsupported_parameter"
