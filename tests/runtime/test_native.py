@@ -9,6 +9,7 @@ not contiguous) and batch.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -104,9 +105,7 @@ def run_fresh(env: dict[str, str], code: str) -> str:
 REASON = "import runtime; from runtime import native; print(native.reason())"
 
 
-def test_off_is_said_and_attention_runs_mlxs_ops(monkeypatch, tmp_path):
-    import os
-
+def test_off_and_the_exact_softmax_turn_it_off_and_say_so():
     env = {**os.environ, "FAIRTICK_ATTENTION_KERNEL": "off"}
     assert run_fresh(env, REASON) == "$FAIRTICK_ATTENTION_KERNEL=off"
     env = {**os.environ, "FAIRTICK_SOFTMAX": "exact"}
@@ -114,8 +113,6 @@ def test_off_is_said_and_attention_runs_mlxs_ops(monkeypatch, tmp_path):
 
 
 def test_a_failed_build_is_said_and_attention_still_runs(tmp_path):
-    import os
-
     env = {**os.environ, "CXX": "false", "FAIRTICK_CACHE": str(tmp_path)}
     code = ("import runtime, mlx.core as mx; from runtime import native; "
             "from runtime.attention import attend; "
