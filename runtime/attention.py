@@ -28,7 +28,8 @@ test_attention.py). Without a C++ compiler MLX runs the kernel's ops one by one 
 MLX's softmax and bit-equal to it as above (ADR 0014).
 
 With the fast softmax, a float32 prompt slice's attention goes to one C++ primitive instead of
-those ops where it can be built (runtime/native.py, ADR 0015: 0.2-0.4x their time).
+those ops where it can be built (runtime/native.py, ADR 0015: 0.2-0.4x their time), and so do
+float32 decode rows whose mask is their batch cache's left padding (`rows_kernel_serves`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import BatchKVCache
 
 from runtime import native
 
@@ -156,6 +158,8 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scal
         out = kernel(queries, keys, values, length)
     elif FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
         out = _attend_slice(queries, keys, values, group, length)
+    elif length == 1 and (rows := _rows_kernel(queries, keys, values, cache, mask)) is not None:
+        out = rows[0](queries, keys, values, rows[1])
     else:
         if FAST_SOFTMAX and length == 1:
             # Decode rows: keys @ queries^T reads the long operand as BLAS's rows (the same
@@ -173,6 +177,30 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scal
         else:
             out = mx.softmax(scores, axis=-1, precise=True) @ values
     return out.astype(values.dtype).reshape(batch, num_heads, length, -1)
+
+
+def rows_kernel_serves(group: int, head_dim: int, dtype: mx.Dtype) -> bool:
+    """Whether decode rows of `group` query heads a key head, of `head_dim`, computed in
+    `dtype`, attend through the decode rows' kernel (runtime/native.py) here."""
+    return FAST_SOFTMAX and group <= 16 and head_dim % 8 == 0 and dtype == mx.float32 and \
+        native.rows_attention() is not None
+
+
+def _rows_kernel(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
+                 mask: mx.array | str | None) -> tuple[Any, mx.array] | None:
+    # The decode rows' kernel and each row's first key, where it computes what the ops would:
+    # one token a row, float32, and a mask that is none (every key) or a batch cache's left
+    # padding over its whole keys (what mlx-lm's mask for a decode step is).
+    if not rows_kernel_serves(queries.shape[2], queries.shape[3], queries.dtype) or not (
+            keys.dtype == values.dtype == mx.float32):
+        return None
+    kernel = native.rows_attention()
+    if mask is None:
+        return kernel, mx.zeros((queries.shape[0],), mx.int32)
+    if isinstance(cache, BatchKVCache) and keys.shape[2] == cache._idx and \
+            cache.left_padding.shape == (queries.shape[0],):
+        return kernel, cache.left_padding
+    return None
 
 
 def _weights(scores: mx.array) -> tuple[mx.array, mx.array]:

@@ -107,7 +107,11 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     h = inner.embed_tokens(mx.concatenate([s.tokens.reshape(-1) for s in segments]))
     # Masks as the model makes them: from each segment's shape and cache, before any update.
     masks = [create_attention_mask(s.tokens, s.cache[0]) for s in segments]
-    groups = [_row_groups(s) for s in segments]
+    # The decode rows' kernel attends each row from its own first key: no groups to make.
+    first = inner.layers[0].self_attn
+    kernel = attention.rows_kernel_serves(first.n_heads // first.n_kv_heads,
+                                          first.q_proj.weight.shape[0] // first.n_heads, h.dtype)
+    groups = [None if kernel else _row_groups(s) for s in segments]
     tables: list[RopeTable | None] = []
     wanted = _wanted_rows(segments)
     last = len(inner.layers) - 1

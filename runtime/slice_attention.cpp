@@ -8,10 +8,14 @@
 // its own position. Each query row's softmax runs online over blocks of KB keys (a running
 // maximum, the sums and weighted values rescaled when it grows), the rows 8 or 16 at a time in
 // one vector of floats.
+//
+// rows_attention(queries, keys, values, starts): decode rows, one query token each: queries
+// (B, H, group, D), row b attending its keys from starts[b] on (a batch cache's left padding).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -195,18 +199,23 @@ class SliceAttention : public mx::UnaryPrimitive {
   int length_;
 };
 
-mx::array slice_attention(const mx::array& queries, const mx::array& keys,
-                          const mx::array& values, int length) {
-  auto s = mx::to_stream({});
+void check_operands(const mx::array& queries, const mx::array& keys, const mx::array& values,
+                    const std::string& op) {
   if (queries.ndim() != 4 || keys.ndim() != 4 || values.ndim() != 4)
-    throw std::invalid_argument("slice_attention: queries, keys and values must be 4-D");
+    throw std::invalid_argument(op + ": queries, keys and values must be 4-D");
   if (queries.dtype() != mx::float32 || keys.dtype() != mx::float32 ||
       values.dtype() != mx::float32)
-    throw std::invalid_argument("slice_attention: float32 only");
+    throw std::invalid_argument(op + ": float32 only");
   if (keys.shape() != values.shape() || queries.shape(0) != keys.shape(0) ||
       queries.shape(1) != keys.shape(1) || queries.shape(3) != keys.shape(3))
     throw std::invalid_argument(
-        "slice_attention: keys and values (B, H, keys, D) must match queries (B, H, rows, D)");
+        op + ": keys and values (B, H, keys, D) must match queries (B, H, rows, D)");
+}
+
+mx::array slice_attention(const mx::array& queries, const mx::array& keys,
+                          const mx::array& values, int length) {
+  auto s = mx::to_stream({});
+  check_operands(queries, keys, values, "slice_attention");
   if (length < 1 || length > keys.shape(2) || queries.shape(2) % length != 0)
     throw std::invalid_argument(
         "slice_attention: length must be 1 to the keys' count and divide the query rows");
@@ -214,8 +223,162 @@ mx::array slice_attention(const mx::array& queries, const mx::array& keys,
                    {queries, keys, values});
 }
 
+
+// Decode rows: one query token a row, `group` query heads a key head, row b attending its
+// keys from starts[b] on (a left-padded batch cache). Few query rows share a key, so the rows
+// are not a vector here: each key's dot product runs over the head dimension, 8 floats at once.
+inline float hsum(f8v x) {
+  return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+}
+
+// (hsum(d[0]), ..., hsum(d[7])): three levels of pairwise folds, each two shuffles and an add.
+inline f8v sum_lanes(const f8v* d) {
+  f8v e[4], f[2];
+  for (int i = 0; i < 4; ++i)  // e[i]: d[2i] folded to 4 lanes, then d[2i+1]
+    e[i] = __builtin_shufflevector(d[2 * i], d[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(d[2 * i], d[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; ++i)  // f[i]: d[4i], d[4i+2], d[4i+1], d[4i+3], 2 lanes each
+    f[i] = __builtin_shufflevector(e[2 * i], e[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(e[2 * i], e[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  // d0, d2, d4, d6, d1, d3, d5, d7
+  const f8v g = __builtin_shufflevector(f[0], f[1], 0, 2, 8, 10, 4, 6, 12, 14) +
+                __builtin_shufflevector(f[0], f[1], 1, 3, 9, 11, 5, 7, 13, 15);
+  return __builtin_shufflevector(g, g, 0, 4, 1, 5, 2, 6, 3, 7);
+}
+
+inline f8v load8(const float* p) {
+  f8v x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+
+void attend_rows(const Head& h, int rows, int keys, int dim, int start) {
+  constexpr int MAX_ROWS = 16;
+  const int chunks = dim / 8;
+  std::vector<f8v> acc(static_cast<size_t>(rows) * chunks);
+  std::vector<f8v> q(static_cast<size_t>(rows) * chunks);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < chunks; ++c) q[r * chunks + c] = load8(h.q + r * h.q_row + 8 * c);
+  float most[MAX_ROWS], total[MAX_ROWS];
+  for (int r = 0; r < rows; ++r) {
+    most[r] = -1e30f;
+    total[r] = 0.0f;
+  }
+  for (auto& a : acc) a = splat<f8v>(0.0f);
+  alignas(64) float s[MAX_ROWS][KB];
+  for (int kb = start; kb < keys; kb += KB) {
+    const int nb_keys = std::min(KB, keys - kb);
+    int j = 0;
+    for (; j + 8 <= nb_keys; j += 8) {  // eight keys' sums reduced together
+      const float* k0 = h.k + (kb + j) * h.k_row;
+      for (int r = 0; r < rows; ++r) {
+        f8v d[8];
+        for (int t = 0; t < 8; ++t) {
+          d[t] = splat<f8v>(0.0f);
+          for (int c = 0; c < chunks; ++c)
+            d[t] += q[r * chunks + c] * load8(k0 + t * h.k_row + 8 * c);
+        }
+        const f8v sums = sum_lanes(d);
+        std::memcpy(&s[r][j], &sums, sizeof(sums));
+      }
+    }
+    for (; j < nb_keys; ++j) {
+      const float* kj = h.k + (kb + j) * h.k_row;
+      for (int r = 0; r < rows; ++r) {
+        f8v d = splat<f8v>(0.0f);
+        for (int c = 0; c < chunks; ++c) d += q[r * chunks + c] * load8(kj + 8 * c);
+        s[r][j] = hsum(d);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float block = most[r];
+      for (int j = 0; j < nb_keys; ++j) block = std::max(block, s[r][j]);
+      for (int j = nb_keys; j < KB; ++j) s[r][j] = block - 1000.0f;  // weight ~0, not summed
+      const f16v shift = splat<f16v>(block);
+      float sum = 0.0f;
+      for (int j = 0; j < KB; j += 16) {
+        f16v x;
+        std::memcpy(&x, &s[r][j], sizeof(x));
+        x = shifted_exp(x - shift);
+        std::memcpy(&s[r][j], &x, sizeof(x));
+      }
+      for (int j = 0; j < nb_keys; ++j) sum += s[r][j];
+      const float scale = shifted_exp(splat<f16v>(most[r] - block))[0];
+      most[r] = block;
+      total[r] = total[r] * scale + sum;
+      for (int c = 0; c < chunks; ++c) acc[r * chunks + c] *= scale;
+    }
+    for (int j = 0; j < nb_keys; ++j) {
+      const float* vj = h.v + (kb + j) * h.v_row;
+      for (int c = 0; c < chunks; ++c) {
+        const f8v vc = load8(vj + 8 * c);
+        for (int r = 0; r < rows; ++r) acc[r * chunks + c] += s[r][j] * vc;
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < chunks; ++c) {
+      const f8v out = acc[r * chunks + c] / total[r];
+      std::memcpy(h.out + r * dim + 8 * c, &out, sizeof(out));
+    }
+}
+
+class RowsAttention : public mx::UnaryPrimitive {
+ public:
+  explicit RowsAttention(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& q = inputs[0];
+    const auto& k = inputs[1];
+    const auto& v = inputs[2];
+    const auto& starts = inputs[3];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
+                      v = mx::array::unsafe_weak_copy(v),
+                      starts = mx::array::unsafe_weak_copy(starts),
+                      out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const int batch = q.shape(0), heads = q.shape(1), rows = q.shape(2), dim = q.shape(3);
+      const int keys = k.shape(2);
+      std::vector<float> qc, kc, vc;
+      for (int b = 0; b < batch; ++b) {
+        const int start = std::clamp(starts.data<int32_t>()[b * starts.strides(0)], 0, keys);
+        for (int hh = 0; hh < heads; ++hh) {
+          Head h;
+          h.q = plane(q, b, hh, qc, h.q_row);
+          h.k = plane(k, b, hh, kc, h.k_row);
+          h.v = plane(v, b, hh, vc, h.v_row);
+          h.out = out.data<float>() + (static_cast<int64_t>(b) * heads + hh) * rows * dim;
+          attend_rows(h, rows, keys, dim, start);
+        }
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("rows_attention runs on the CPU only");
+  }
+  const char* name() const override { return "RowsAttention"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array rows_attention(const mx::array& queries, const mx::array& keys,
+                         const mx::array& values, const mx::array& starts) {
+  auto s = mx::to_stream({});
+  check_operands(queries, keys, values, "rows_attention");
+  if (queries.shape(2) > 16 || queries.shape(3) % 8 != 0)
+    throw std::invalid_argument(
+        "rows_attention: at most 16 query rows a key head, head dim a multiple of 8");
+  if (starts.ndim() != 1 || starts.shape(0) != queries.shape(0))
+    throw std::invalid_argument("rows_attention: starts must be (B,), one per row");
+  return mx::array(queries.shape(), mx::float32, std::make_shared<RowsAttention>(s),
+                   {queries, keys, values, mx::astype(starts, mx::int32, s)});
+}
+
 }  // namespace
 
 NB_MODULE(_fairtick_native, m) {
   m.def("slice_attention", &slice_attention, "queries"_a, "keys"_a, "values"_a, "length"_a);
+  m.def("rows_attention", &rows_attention, "queries"_a, "keys"_a, "values"_a, "starts"_a);
 }

@@ -131,3 +131,72 @@ def test_shapes_that_are_no_slice_are_refused(kernel):
         kernel(q, k, mx.ones((1, 2, 5, 4)), 2)
     with pytest.raises(ValueError, match="divide the query rows"):
         kernel(q, k, k, 3)
+
+
+@pytest.fixture
+def rows_kernel(kernel):
+    return native.rows_attention()
+
+
+def float64_rows_attention(q: mx.array, k: mx.array, v: mx.array, starts: list[int]):
+    """One query token a row: q (B, H, group, D); row b attends keys starts[b] on."""
+    q64, k64, v64 = (np.array(a).astype(np.float64) for a in (q, k, v))
+    out = np.zeros_like(q64)
+    for b, start in enumerate(starts):
+        scores = q64[b] @ k64[b, :, start:].swapaxes(-1, -2)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        out[b] = (weights / weights.sum(axis=-1, keepdims=True)) @ v64[b, :, start:]
+    return out
+
+
+# (rows, kv heads, group, head dim, keys): key counts across the 8-key and 64-key blocks.
+ROW_SHAPES = [(1, 2, 2, 32, 1), (4, 2, 2, 32, 600), (3, 2, 4, 64, 65), (2, 1, 16, 8, 130),
+              (5, 2, 2, 32, 9000), (2, 2, 1, 128, 71)]
+
+
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=[str(s) for s in ROW_SHAPES])
+def test_the_rows_kernel_attends_each_row_from_its_first_key(shape, rows_kernel):
+    rows, heads, group, dim, keys = shape
+    mx.random.seed(sum(shape))
+    q = mx.random.normal((rows, heads, group, dim)) * 0.3
+    k = mx.random.normal((rows, heads, keys + 9, dim))[:, :, :keys]  # a cache's view
+    v = mx.random.normal((rows, heads, keys + 9, dim))[:, :, :keys]
+    starts = [min(17 * b, keys - 1) for b in range(rows)]  # left padding, each row some keys
+    out = rows_kernel(q, k, v, mx.array(starts))
+    assert out.shape == q.shape
+    truth = float64_rows_attention(q, k, v, starts)
+    assert np.allclose(np.array(out), truth, rtol=1e-4, atol=2e-6), \
+        np.abs(np.array(out) - truth).max()
+
+
+def test_a_left_padded_decode_batch_attends_through_the_rows_kernel_as_through_the_ops(
+        rows_kernel, monkeypatch):
+    # A batch cache whose rows hold 3, 40 and 300 tokens (left padding 297, 260, 0), one step.
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    monkeypatch.setattr(attention, "FAST_SOFTMAX", True)
+    mx.random.seed(4)
+    caches = []
+    for n in (3, 40, 300):
+        c = KVCache()
+        c.update_and_fetch(mx.random.normal((1, 2, n, 32)), mx.random.normal((1, 2, n, 32)))
+        caches.append(c)
+    batch = BatchKVCache.merge(caches)
+    step = mx.zeros((3, 1))
+    mask = create_attention_mask(step, batch)
+    keys, values = batch.update_and_fetch(mx.random.normal((3, 2, 1, 32)),
+                                          mx.random.normal((3, 2, 1, 32)))
+    q = mx.random.normal((3, 4, 1, 32))
+    starts = []
+
+    def recorded(queries, k, v, first):  # the kernel itself, its rows' first keys noted
+        starts.append(first.tolist())
+        return rows_kernel(queries, k, v, first)
+
+    monkeypatch.setattr(native, "rows_attention", lambda: recorded)
+    with_kernel = attend(q, keys, values, batch, 0.17, mask)
+    assert starts == [[297, 260, 0]]
+    monkeypatch.setattr(native, "rows_attention", lambda: None)
+    with_ops = attend(q, keys, values, batch, 0.17, mask)
+    assert mx.allclose(with_kernel, with_ops, rtol=1e-4, atol=1e-5).item()
