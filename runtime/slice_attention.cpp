@@ -81,6 +81,24 @@ const float* plane(const mx::array& a, int b, int h, std::vector<float>& copy, i
   return copy.data();
 }
 
+// Calls attend(head, b) for every (batch b, key head) plane of q, k and v, with its place in
+// `out` (contiguous, q's shape).
+template <typename F>
+void for_each_head(const mx::array& q, const mx::array& k, const mx::array& v, mx::array& out,
+                   F attend) {
+  const int batch = q.shape(0), heads = q.shape(1), rows = q.shape(2), dim = q.shape(3);
+  std::vector<float> qc, kc, vc;
+  for (int b = 0; b < batch; ++b)
+    for (int hh = 0; hh < heads; ++hh) {
+      Head h;
+      h.q = plane(q, b, hh, qc, h.q_row);
+      h.k = plane(k, b, hh, kc, h.k_row);
+      h.v = plane(v, b, hh, vc, h.v_row);
+      h.out = out.data<float>() + (static_cast<int64_t>(b) * heads + hh) * rows * dim;
+      attend(h, b);
+    }
+}
+
 // One key head: `rows` queries (group-major: row r is at position r % length of the slice)
 // against `keys` keys, the last `length` of them the slice's own under the causal mask.
 template <typename V, typename I>
@@ -172,19 +190,11 @@ class SliceAttention : public mx::UnaryPrimitive {
     encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                       v = mx::array::unsafe_weak_copy(v),
                       out = mx::array::unsafe_weak_copy(out), length = length_]() mutable {
-      const int batch = q.shape(0), heads = q.shape(1), rows = q.shape(2), dim = q.shape(3);
-      const int keys = k.shape(2);
-      std::vector<float> qc, kc, vc;
-      for (int b = 0; b < batch; ++b)
-        for (int hh = 0; hh < heads; ++hh) {
-          Head h;
-          h.q = plane(q, b, hh, qc, h.q_row);
-          h.k = plane(k, b, hh, kc, h.k_row);
-          h.v = plane(v, b, hh, vc, h.v_row);
-          h.out = out.data<float>() + (static_cast<int64_t>(b) * heads + hh) * rows * dim;
-          if (rows <= 8) attend_head<f8v, i8v>(h, rows, keys, dim, length);
-          else attend_head<f16v, i16v>(h, rows, keys, dim, length);
-        }
+      const int rows = q.shape(2), keys = k.shape(2), dim = q.shape(3);
+      for_each_head(q, k, v, out, [&](const Head& h, int) {
+        if (rows <= 8) attend_head<f8v, i8v>(h, rows, keys, dim, length);
+        else attend_head<f16v, i16v>(h, rows, keys, dim, length);
+      });
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -340,20 +350,11 @@ class RowsAttention : public mx::UnaryPrimitive {
                       v = mx::array::unsafe_weak_copy(v),
                       starts = mx::array::unsafe_weak_copy(starts),
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
-      const int batch = q.shape(0), heads = q.shape(1), rows = q.shape(2), dim = q.shape(3);
-      const int keys = k.shape(2);
-      std::vector<float> qc, kc, vc;
-      for (int b = 0; b < batch; ++b) {
+      const int rows = q.shape(2), keys = k.shape(2), dim = q.shape(3);
+      for_each_head(q, k, v, out, [&](const Head& h, int b) {
         const int start = std::clamp(starts.data<int32_t>()[b * starts.strides(0)], 0, keys);
-        for (int hh = 0; hh < heads; ++hh) {
-          Head h;
-          h.q = plane(q, b, hh, qc, h.q_row);
-          h.k = plane(k, b, hh, kc, h.k_row);
-          h.v = plane(v, b, hh, vc, h.v_row);
-          h.out = out.data<float>() + (static_cast<int64_t>(b) * heads + hh) * rows * dim;
-          attend_rows(h, rows, keys, dim, start);
-        }
-      }
+        attend_rows(h, rows, keys, dim, start);
+      });
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
