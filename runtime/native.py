@@ -9,10 +9,10 @@ key block with a running maximum (the online softmax of FlashAttention): the sco
 stay in registers and the first level cache, the exponential is runtime/attention.py's
 polynomial (its error against float64 is held to the ops' tolerance: tests/runtime/
 test_native.py), and each key's 32 products for 8 or 16 query rows at once are one vector
-instruction each. One layer's attention (4 query heads, 2
-key heads) at 9,000 keys: 0.37x the ops' time for a 4-token slice, 0.31x for 16, 0.18x for 512
-(the ops with the fast softmax; `.venv/bin/python scripts/bench_attention_cpu.py --contexts
-1000,5000,9000 --tokens 4,16,64,512`: 0.17-0.43x over those shapes).
+instruction each. One layer's attention (4 query heads, 2 key heads) at 9,000 keys: 0.37x the
+ops' time for a 4-token slice, 0.31x for 16, 0.18x for 512 (the ops with the fast softmax;
+`.venv/bin/python scripts/bench_attention_cpu.py --contexts 1000,5000,9000 --tokens
+4,16,64,512`: 0.17-0.43x over those shapes).
 
 The same extension holds the decode rows' attention (`rows_attention`: one query token a row,
 row b attending its keys from starts[b] on, a batch cache's left padding), each key's dot
@@ -72,20 +72,24 @@ def setting() -> str:
 def slice_attention() -> Any | None:
     """The kernel (`f(queries, keys, values, length)`), built and loaded on first call; None
     where it cannot be had (`reason()` says why)."""
-    if "module" not in _state and "reason" not in _state:
-        with _lock:
-            if "module" not in _state and "reason" not in _state:
-                _try_load()
-    module = _state.get("module")
+    module = _module()
     return None if module is None else module.slice_attention
 
 
 def rows_attention() -> Any | None:
     """The decode rows' kernel (`f(queries, keys, values, starts)`: one query token a row,
     row b attending its keys from starts[b] on), where the slice kernel is had; else None."""
-    slice_attention()
-    module = _state.get("module")
+    module = _module()
     return None if module is None else module.rows_attention
+
+
+def _module() -> ModuleType | None:
+    # The extension, built and loaded on first call; None where it cannot be had.
+    if "module" not in _state and "reason" not in _state:
+        with _lock:
+            if "module" not in _state and "reason" not in _state:
+                _try_load()
+    return _state.get("module")
 
 
 def reason() -> str | None:
