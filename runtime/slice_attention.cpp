@@ -11,6 +11,9 @@
 //
 // rows_attention(queries, keys, values, starts): decode rows, one query token each: queries
 // (B, H, group, D), row b attending its keys from starts[b] on (a batch cache's left padding).
+//
+// swiglu(gate, up): the MLP's gate, silu(gate) * up as mlx-lm computes it, (gate * sigmoid(gate))
+// * up, with the exponential 16 floats at a time (MLX's CPU build takes each one alone).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -377,9 +380,95 @@ mx::array rows_attention(const mx::array& queries, const mx::array& keys,
                    {queries, keys, values, mx::astype(starts, mx::int32, s)});
 }
 
+// exp(x) for x <= 0, 16 at a time: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts,
+// so n ln 2 is exact), exp(r) by its Taylor polynomial of degree 7 (error < 2e-8 there), times
+// 2^n built in the exponent's bits; 0 below -87.3, where exp(x) leaves float32's normal range.
+inline f16v exp_nonpositive(f16v x) {
+  const f16v low = splat<f16v>(-88.0f);
+  const f16v xc = x > low ? x : low;  // bounded for the conversions below (-inf, NaN: -88)
+  // n = round(x / ln 2): truncation of y - 0.5 rounds y <= 0 to nearest.
+  const i16v ni = __builtin_convertvector(xc * 1.44269504088896341f - 0.5f, i16v);
+  const f16v n = __builtin_convertvector(ni, f16v);
+  const f16v r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  const f16v r2 = r * r;
+  const f16v p = (1.0f + r) + r2 * (0.5f + (1.0f / 6) * r) +
+      r2 * r2 * ((1.0f / 24 + (1.0f / 120) * r) + r2 * (1.0f / 720 + (1.0f / 5040) * r));
+  const i16v bits = (ni + 127) << 23;
+  f16v scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? splat<f16v>(0.0f) : p * scale;
+}
+
+// (g * sigmoid(g)) * u for 16 floats: sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e)
+// below, e = exp(-|g|) (never past 1, so never overflows).
+inline f16v swiglu16(f16v g, f16v u) {
+  const f16v e = exp_nonpositive(g < 0.0f ? g : -g);
+  const f16v sigmoid = (g < 0.0f ? e : splat<f16v>(1.0f)) / (1.0f + e);
+  return (g * sigmoid) * u;
+}
+
+class Swiglu : public mx::UnaryPrimitive {
+ public:
+  explicit Swiglu(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& gate = inputs[0];
+    const auto& up = inputs[1];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(gate);
+    encoder.set_input_array(up);
+    encoder.set_output_array(out);
+    encoder.dispatch([gate = mx::array::unsafe_weak_copy(gate),
+                      up = mx::array::unsafe_weak_copy(up),
+                      out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const float* g = gate.data<float>();
+      const float* u = up.data<float>();
+      float* o = out.data<float>();
+      const size_t size = out.size();
+      size_t i = 0;
+      for (; i + 16 <= size; i += 16) {
+        f16v gv, uv;
+        std::memcpy(&gv, g + i, sizeof(gv));
+        std::memcpy(&uv, u + i, sizeof(uv));
+        const f16v ov = swiglu16(gv, uv);
+        std::memcpy(o + i, &ov, sizeof(ov));
+      }
+      if (i < size) {  // the last few, padded to a vector
+        alignas(64) float gl[16] = {}, ul[16] = {}, ol[16];
+        std::memcpy(gl, g + i, (size - i) * sizeof(float));
+        std::memcpy(ul, u + i, (size - i) * sizeof(float));
+        f16v gv, uv;
+        std::memcpy(&gv, gl, sizeof(gv));
+        std::memcpy(&uv, ul, sizeof(uv));
+        const f16v ov = swiglu16(gv, uv);
+        std::memcpy(ol, &ov, sizeof(ov));
+        std::memcpy(o + i, ol, (size - i) * sizeof(float));
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("swiglu runs on the CPU only");
+  }
+  const char* name() const override { return "Swiglu"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array swiglu(const mx::array& gate, const mx::array& up) {
+  auto s = mx::to_stream({});
+  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32)
+    throw std::invalid_argument("swiglu: float32 only");
+  if (gate.shape() != up.shape())
+    throw std::invalid_argument("swiglu: gate and up must have one shape");
+  // Row-contiguous operands: the kernel walks them as flat buffers.
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(s),
+                   {mx::contiguous(gate, false, s), mx::contiguous(up, false, s)});
+}
+
 }  // namespace
 
 NB_MODULE(_fairtick_native, m) {
   m.def("slice_attention", &slice_attention, "queries"_a, "keys"_a, "values"_a, "length"_a);
   m.def("rows_attention", &rows_attention, "queries"_a, "keys"_a, "values"_a, "starts"_a);
+  m.def("swiglu", &swiglu, "gate"_a, "up"_a);
 }

@@ -9,6 +9,10 @@ ways to run it, timed on the same caches (the tick's tokens are trimmed off afte
   padded  one mlx-lm forward over a (R + 1, t) batch in one BatchKVCache, every row padded to
           the slice's length (measured only where (R + 1) * t <= --padded-max-tokens).
 
+With --activation-ab it times the fused forward of each shape (no decode rows where --rows is
+0, no slice where --slices is 0) with the MLP's activation through fairtick's native kernel
+and through MLX's ops (runtime/fused.py `_mlp`), alternated.
+
 With --decode-against DIR it times decode-only ticks (pipelined) of this Executor against the
 Executor of another checkout DIR, loaded in the same process, blocks of 20 steps alternated.
 
@@ -26,6 +30,7 @@ median of the per-repetition ratios fused/apart and padded/fused.
         [--contexts 0,4000,8000] [--reps 5] [--json]
     .venv/bin/python scripts/bench_fused_tick.py --executor [--rows 4,16] [--slices 1,16,64]
     .venv/bin/python scripts/bench_fused_tick.py --decode-against OTHER_CHECKOUT [--reps 16]
+    .venv/bin/python scripts/bench_fused_tick.py --activation-ab --rows 0,4 --slices 0,64,512
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import runtime  # noqa: E402, F401  (first: a BLAS that runtime loads must prece
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
+from runtime import native  # noqa: E402
 from runtime.executor import Executor, Slice  # noqa: E402
 from runtime.fused import Segment, forward_fused  # noqa: E402
 from runtime.model import load_model  # noqa: E402
@@ -135,6 +141,35 @@ def measure(model: Any, rows: int, slice_tokens: int, batch: list[Any], prompt: 
     return out
 
 
+def activation_ab(model: Any, rows: int, slice_tokens: int, batch: list[Any] | None,
+                  prompt: list[Any], reps: int, rng: random.Random) -> dict[str, Any]:
+    """Median ms of the fused forward of R rows and a t-token slice with the MLP's activation
+    through the native kernel and through MLX's ops, alternated."""
+    kernel = native.swiglu
+    segments = ([Segment(tokens(rows, rng)[:, None], batch, True)] if rows else []) + \
+        ([Segment(tokens(slice_tokens, rng)[None], prompt, True)] if slice_tokens else [])
+    caches = [(s.cache, s.tokens.shape[1]) for s in segments]
+
+    def run() -> None:
+        mx.eval(forward_fused(model, segments), [c.state for s in segments for c in s.cache])
+
+    ways = {"kernel": kernel, "ops": lambda: None}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    try:
+        for rep in range(reps + 1):  # the first is a warm-up
+            for name in (list(ways) if rep % 2 == 0 else list(reversed(ways))):
+                native.swiglu = ways[name]
+                elapsed = timed(run, caches)
+                if rep:
+                    times[name].append(elapsed)
+    finally:
+        native.swiglu = kernel
+    return {"rows": rows, "slice": slice_tokens,
+            **{name: statistics.median(t) * 1e3 for name, t in times.items()},
+            "kernel_over_ops": statistics.median(
+                k / o for k, o in zip(times["kernel"], times["ops"], strict=True))}
+
+
 def executor_ticks(bundle: Any, rows: int, slice_tokens: int, context: int, reps: int,
                    prompts: int = 1) -> dict[str, Any]:
     """Median ms of `Executor.run(a slice of each of `prompts` prompts, R rows)`, fused and
@@ -210,11 +245,30 @@ def main() -> None:
                         help="prompts whose slices each executor tick runs")
     parser.add_argument("--decode-against", metavar="DIR",
                         help="time decode steps against the Executor of another checkout")
+    parser.add_argument("--activation-ab", action="store_true",
+                        help="time the MLP's activation kernel against MLX's ops")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     bundle = load_model(args.model)
+    if args.activation_ab:
+        if native.swiglu() is None:
+            parser.error(f"no native kernels here: {native.reason()}")
+        for context in [int(c) for c in args.contexts.split(",")]:
+            base = filled(bundle.model, context, random.Random(context))
+            for rows in [int(r) for r in args.rows.split(",")]:
+                for slice_tokens in [int(t) for t in args.slices.split(",")]:
+                    if not rows and not slice_tokens:
+                        continue
+                    r = activation_ab(bundle.model, rows, slice_tokens,
+                                      batch_of(base, rows) if rows else None,
+                                      copy_of(bundle.model, base, context), args.reps,
+                                      random.Random(rows + slice_tokens))
+                    print(f"context {context:>6} rows {rows:>3} slice {slice_tokens:>4}:  "
+                          f"kernel {r['kernel']:7.2f} ms  ops {r['ops']:7.2f} ms  "
+                          f"kernel/ops {r['kernel_over_ops']:5.2f}", flush=True)
+        return
     if args.decode_against:
         for rows in [int(r) for r in args.rows.split(",")]:
             r = decode_against(bundle, args.decode_against, rows, args.reps)

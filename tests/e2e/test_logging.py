@@ -16,7 +16,7 @@ from tests.server.http_helpers import OpenStream, get, post
 START_UP = (
     ("blas", r"fairtick\.server: BLAS: .+"),
     ("softmax", r"fairtick\.server: attention softmax: (fast \(compiled exp.+\)|MLX's \(.+\))"),
-    ("kernel", r"fairtick\.server: attention kernels: (fairtick's, .+|MLX's ops \(.+\))"),
+    ("kernel", r"fairtick\.server: native kernels: (fairtick's, .+|MLX's ops \(.+\))"),
     ("loading", r"fairtick\.server: loading the built-in model"),
     ("model", r"fairtick\.server: model (?P<name>\S+) loaded from \S+ in (?P<s>\d+\.\d+) s "
               r"\(context (?P<context>\d+) tokens\)"),

@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from runtime import native
 from runtime.attention import FAST_SOFTMAX
 from runtime.blas import load_blas
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
@@ -103,6 +104,29 @@ def test_fused_forward_equals_the_models_own_forward(module, mix):
                 else a.offset == b.offset
             for x, y in zip(a.state[:2], b.state[:2], strict=True):
                 assert same(x, y)
+
+
+def test_the_mlps_activation_runs_through_the_native_kernel_over_every_token_at_once(
+        monkeypatch):
+    kernel = native.swiglu()
+    if kernel is None:
+        pytest.skip(f"no native kernels here: {native.reason()}")
+    model = random_model(llama, model_type="llama")
+    rows, slices = MIXES["rows and slices, some ending their prompt"]
+    shapes = []
+
+    def recorded(gate, up):
+        shapes.append(gate.shape)
+        return kernel(gate, up)
+
+    monkeypatch.setattr(native, "swiglu", lambda: recorded)
+    with_kernel = forward_fused(model, make_segments(model, 2, rows, slices))
+    # 3 rows and 114 slice tokens in each layer; the last layer's MLP only at the 5 positions
+    # whose logits are wanted (the rows and two slices' last tokens).
+    assert shapes == [(117, 384)] * 3 + [(5, 384)]
+    monkeypatch.setattr(native, "swiglu", lambda: None)
+    with_ops = forward_fused(model, make_segments(model, 2, rows, slices))
+    assert mx.allclose(with_kernel, with_ops, rtol=1e-4, atol=1e-5).item()
 
 
 def test_only_architectures_whose_layers_it_restates_are_fused():

@@ -200,3 +200,60 @@ def test_a_left_padded_decode_batch_attends_through_the_rows_kernel_as_through_t
     monkeypatch.setattr(native, "rows_attention", lambda: None)
     with_ops = attend(q, keys, values, batch, 0.17, mask)
     assert mx.allclose(with_kernel, with_ops, rtol=1e-4, atol=1e-5).item()
+
+
+@pytest.fixture
+def swiglu_kernel(kernel):
+    return native.swiglu()
+
+
+def float64_swiglu(gate: mx.array, up: mx.array) -> np.ndarray:
+    g, u = (np.array(a).astype(np.float64) for a in (gate, up))
+    with np.errstate(over="ignore"):
+        return g / (1.0 + np.exp(-g)) * u
+
+
+# Sizes: under one 16-wide vector, a whole number of them, and a part-filled last one.
+@pytest.mark.parametrize("shape", [(1, 5), (4, 384), (3, 7, 37)], ids=str)
+def test_the_activation_kernel_computes_silu_gate_times_up(shape, swiglu_kernel):
+    mx.random.seed(5)
+    gate = mx.random.normal(shape) * 6  # far into both tails of the sigmoid
+    up = mx.random.normal(shape)
+    out = np.array(swiglu_kernel(gate, up))
+    assert out.shape == shape
+    np.testing.assert_allclose(out, float64_swiglu(gate, up), rtol=2e-6, atol=1e-12)
+
+
+def test_the_activation_kernel_covers_floats_whole_range(swiglu_kernel):
+    # exp(-|g|) across every exponent float32 has, down to where it underflows (below
+    # exp(-87.3), ~1e-38, the kernel's is 0: outputs under 1e-35), and the special values as
+    # MLX's own silu gives them (-inf * 0 is NaN there too).
+    g = np.concatenate([np.linspace(-100.0, 100.0, 4001), -np.logspace(-30, 2, 200),
+                        [0.0, -0.0, 1e-30, -87.0, -87.5, -88.5]]).astype(np.float32)
+    gate, up = mx.array(g), mx.full(g.shape, 1.5)
+    out = np.array(swiglu_kernel(gate, up))
+    np.testing.assert_allclose(out, float64_swiglu(gate, up), rtol=2e-6, atol=1e-35)
+    special = mx.array([np.inf, -np.inf, np.nan], dtype=mx.float32)
+    ones = mx.ones((3,))
+    np.testing.assert_array_equal(np.array(swiglu_kernel(special, ones)),
+                                  np.array(nn_silu(special) * ones))
+
+
+def nn_silu(x: mx.array) -> mx.array:
+    import mlx.nn as nn
+
+    return nn.silu(x)
+
+
+def test_the_activation_kernel_reads_views_in_their_order(swiglu_kernel):
+    mx.random.seed(6)
+    gate, up = mx.random.normal((40, 24)), mx.random.normal((24, 40))
+    out = swiglu_kernel(gate.T, up)  # a transposed view: its elements in row order
+    np.testing.assert_allclose(np.array(out), float64_swiglu(gate.T, up), rtol=2e-6)
+
+
+def test_the_activation_kernel_refuses_what_it_cannot_compute(swiglu_kernel):
+    with pytest.raises(ValueError, match="one shape"):
+        swiglu_kernel(mx.ones((2, 3)), mx.ones((3, 2)))
+    with pytest.raises(ValueError, match="float32 only"):
+        swiglu_kernel(mx.ones((2, 3), dtype=mx.float16), mx.ones((2, 3), dtype=mx.float16))
