@@ -30,13 +30,15 @@ It is an MLX extension (a C++ `Primitive` whose `eval_cpu` queues the work on th
 MLX's own ops do), compiled with `g++ -O3 -march=native` against the installed MLX's headers
 and library and nanobind's sources (the `nanobind` package, whose version must share its
 internals with the one MLX was built with: a probe call at load checks it), once per machine
-into the cache directory (~10 s), named by everything it is built from. Where it cannot be had
+into the cache directory (~10 s), named by everything it is built from (a new build deletes
+the ones no process has loaded for 30 days). Where it cannot be had
 (no g++, a failed build, a nanobind MLX does not share, not the CPU, $FAIRTICK_SOFTMAX=exact,
 or $FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention runs MLX's ops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -48,6 +50,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -63,6 +66,9 @@ MODULE = "_fairtick_native"
 _NB_DOMAIN = "mlx"
 _FLAGS = ["-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden",
           "-DNDEBUG", f"-DNB_DOMAIN={_NB_DOMAIN}"]
+
+_BUILD_PREFIX = "slice-attention-"
+_UNUSED_BUILD_S = 30 * 24 * 3600.0  # a build no process loaded for this long is deleted
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "module" or "reason", once tried
@@ -180,8 +186,10 @@ def _built() -> Path:
     key = "\n".join([SOURCE.read_text(), str(mlx_dir), _version("mlx"), nanobind.__version__,
                      suffix, cxx, " ".join(_FLAGS), platform.machine(), _cpu_flags()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    path = default_cache_dir() / f"slice-attention-{digest}{suffix}"
+    path = default_cache_dir() / f"{_BUILD_PREFIX}{digest}{suffix}"
     if path.is_file():
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use: kept by `_prune_builds`
         return path
     source_dir = Path(nanobind.source_dir())
     includes = [mlx_dir / "include", Path(nanobind.include_dir()),
@@ -201,7 +209,19 @@ def _built() -> Path:
             os.replace(built, path)
     except OSError as exc:
         raise _Unavailable(f"building {SOURCE.name} failed: {exc}") from exc
+    _prune_builds(path)
     return path
+
+
+def _prune_builds(kept: Path, unused_s: float = _UNUSED_BUILD_S) -> None:
+    """Delete the builds beside `kept` that no process has loaded for `unused_s` (each source,
+    MLX, nanobind or compiler change makes a new one; a cache shared by several checkouts or
+    CPUs keeps each one's in use)."""
+    now = time.time()
+    for old in kept.parent.glob(f"{_BUILD_PREFIX}*{kept.suffix}"):
+        with contextlib.suppress(OSError):
+            if old != kept and now - old.stat().st_mtime > unused_s:
+                old.unlink()
 
 
 def _version(package: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -123,6 +124,19 @@ def test_a_failed_build_is_said_and_attention_still_runs(tmp_path):
     assert reason.startswith("building slice_attention.cpp failed"), reason
     assert same == "True"
     assert not list(tmp_path.glob("slice-attention-*"))  # nothing half-built left
+
+
+def test_a_new_build_deletes_the_builds_no_process_loaded_for_30_days(tmp_path):
+    day = 24 * 3600
+    kept = tmp_path / "slice-attention-new.so"
+    stale, recent = tmp_path / "slice-attention-old.so", tmp_path / "slice-attention-other.so"
+    unrelated = tmp_path / "builtin-llama-0123.so"  # not a kernel build
+    for path, age_days in ((kept, 0), (stale, 31), (recent, 29), (unrelated, 400)):
+        path.write_bytes(b"")
+        os.utime(path, (time.time() - age_days * day,) * 2)
+    native._prune_builds(kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "builtin-llama-0123.so", "slice-attention-new.so", "slice-attention-other.so"]
 
 
 def test_shapes_that_are_no_slice_are_refused(kernel):
