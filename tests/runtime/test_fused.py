@@ -129,6 +129,22 @@ def test_the_mlps_activation_runs_through_the_native_kernel_over_every_token_at_
     assert mx.allclose(with_kernel, with_ops, rtol=1e-4, atol=1e-5).item()
 
 
+def test_a_half_precision_mlp_keeps_mlx_lms_activation(monkeypatch):
+    kernel = native.swiglu()
+    if kernel is None:
+        pytest.skip(f"no native kernels here: {native.reason()}")
+    model = random_model(llama, model_type="llama")
+    model.set_dtype(mx.float16)
+    calls = []
+    monkeypatch.setattr(native, "swiglu", lambda: lambda g, u: calls.append(g) or kernel(g, u))
+    rows, slices = MIXES["rows and slices, some ending their prompt"]
+    got = forward_fused(model, make_segments(model, 3, rows, slices))
+    want = forward_apart(model, make_segments(model, 3, rows, slices))
+    assert not calls  # the kernel takes float32 only
+    assert got.dtype == mx.float16
+    assert mx.allclose(got, want, rtol=1e-2, atol=1e-2).item()
+
+
 def test_only_architectures_whose_layers_it_restates_are_fused():
     assert can_fuse(random_model(llama, model_type="llama"))
     assert can_fuse(random_model(qwen2, model_type="qwen2"))
