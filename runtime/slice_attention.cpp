@@ -176,32 +176,43 @@ void attend_head(const Head& h, int rows, int keys, int dim, int length) {
   }
 }
 
-class SliceAttention : public mx::UnaryPrimitive {
+// A primitive computed on the CPU only: its output allocated, its operands registered with the
+// stream's encoder and work(inputs, out) queued on the stream, as MLX's own CPU ops do.
+class CpuPrimitive : public mx::UnaryPrimitive {
  public:
-  SliceAttention(mx::Stream stream, int length) : mx::UnaryPrimitive(stream), length_(length) {}
+  using mx::UnaryPrimitive::UnaryPrimitive;
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
+  }
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto& q = inputs[0];
-    const auto& k = inputs[1];
-    const auto& v = inputs[2];
+ protected:
+  template <typename F>
+  void queue(const std::vector<mx::array>& inputs, mx::array& out, F work) {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(q);
-    encoder.set_input_array(k);
-    encoder.set_input_array(v);
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) {
+      encoder.set_input_array(a);
+      in.push_back(mx::array::unsafe_weak_copy(a));
+    }
     encoder.set_output_array(out);
-    encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
-                      v = mx::array::unsafe_weak_copy(v),
-                      out = mx::array::unsafe_weak_copy(out), length = length_]() mutable {
-      const int rows = q.shape(2), keys = k.shape(2), dim = q.shape(3);
-      for_each_head(q, k, v, out, [&](const Head& h, int) {
+    encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out),
+                      work = std::move(work)]() mutable { work(in, out); });
+  }
+};
+
+class SliceAttention : public CpuPrimitive {
+ public:
+  SliceAttention(mx::Stream stream, int length) : CpuPrimitive(stream), length_(length) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    queue(inputs, out, [length = length_](const std::vector<mx::array>& in, mx::array& out) {
+      const int rows = in[0].shape(2), keys = in[1].shape(2), dim = in[0].shape(3);
+      for_each_head(in[0], in[1], in[2], out, [&](const Head& h, int) {
         if (rows <= 8) attend_head<f8v, i8v>(h, rows, keys, dim, length);
         else attend_head<f16v, i16v>(h, rows, keys, dim, length);
       });
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("slice_attention runs on the CPU only");
   }
   const char* name() const override { return "SliceAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
@@ -336,32 +347,19 @@ void attend_rows(const Head& h, int rows, int keys, int dim, int start) {
     }
 }
 
-class RowsAttention : public mx::UnaryPrimitive {
+class RowsAttention : public CpuPrimitive {
  public:
-  explicit RowsAttention(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  explicit RowsAttention(mx::Stream stream) : CpuPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto& q = inputs[0];
-    const auto& k = inputs[1];
-    const auto& v = inputs[2];
-    const auto& starts = inputs[3];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
-                      v = mx::array::unsafe_weak_copy(v),
-                      starts = mx::array::unsafe_weak_copy(starts),
-                      out = mx::array::unsafe_weak_copy(out)]() mutable {
-      const int rows = q.shape(2), keys = k.shape(2), dim = q.shape(3);
-      for_each_head(q, k, v, out, [&](const Head& h, int b) {
+    queue(inputs, out, [](const std::vector<mx::array>& in, mx::array& out) {
+      const mx::array& starts = in[3];
+      const int rows = in[0].shape(2), keys = in[1].shape(2), dim = in[0].shape(3);
+      for_each_head(in[0], in[1], in[2], out, [&](const Head& h, int b) {
         const int start = std::clamp(starts.data<int32_t>()[b * starts.strides(0)], 0, keys);
         attend_rows(h, rows, keys, dim, start);
       });
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("rows_attention runs on the CPU only");
   }
   const char* name() const override { return "RowsAttention"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
@@ -407,23 +405,14 @@ inline f16v swiglu16(f16v g, f16v u) {
   return (g * sigmoid) * u;
 }
 
-class Swiglu : public mx::UnaryPrimitive {
+class Swiglu : public CpuPrimitive {
  public:
-  explicit Swiglu(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  explicit Swiglu(mx::Stream stream) : CpuPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto& gate = inputs[0];
-    const auto& up = inputs[1];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(gate);
-    encoder.set_input_array(up);
-    encoder.set_output_array(out);
-    encoder.dispatch([gate = mx::array::unsafe_weak_copy(gate),
-                      up = mx::array::unsafe_weak_copy(up),
-                      out = mx::array::unsafe_weak_copy(out)]() mutable {
-      const float* g = gate.data<float>();
-      const float* u = up.data<float>();
+    queue(inputs, out, [](const std::vector<mx::array>& in, mx::array& out) {
+      const float* g = in[0].data<float>();
+      const float* u = in[1].data<float>();
       float* o = out.data<float>();
       const size_t size = out.size();
       size_t i = 0;
@@ -446,9 +435,6 @@ class Swiglu : public mx::UnaryPrimitive {
         std::memcpy(o + i, ol, (size - i) * sizeof(float));
       }
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("swiglu runs on the CPU only");
   }
   const char* name() const override { return "Swiglu"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
