@@ -17,9 +17,12 @@ least squares, weighted for relative error, over the most recent ticks with slic
 (kept apart, so a long run of decode-only ticks does not push the slice ticks out).
 
 The slice that fits a target is the largest whose prediction, times the 0.95-quantile of
-measured/predicted over the last 64 ticks with slices (under the current fit), stays within it:
-the machine's noise around the model sets the margin, and the streams' p99 gap is what it must
-hold (with the 0.9-quantile over 32 ticks, ticks ran to 1.2-1.3x their target at p99). A slice
+measured/predicted over the last 64 ticks with slices of the last 5 s (at least the last 8;
+under the current fit), stays within it: the machine's noise around the model now sets the
+margin, and the streams' p99 gap is what it must hold (with the 0.9-quantile over 32 ticks,
+ticks ran to 1.2-1.3x their target at p99). Without the 5 s, a server's first tiny slice ticks
+beside one stream (measured at 2-3x their prediction) held the margin at ~3 through a quiet
+spell and the next admission's first 45 ticks to 1-token slices. A slice
 is also never larger than a recent slice tick next to decode rows says would have fitted: its
 slice's tokens times what its target left after the decode rows' predicted part over what the
 slice took after it (at most twice), the largest of the last 32. So slices start small and a
@@ -36,8 +39,9 @@ step has grown since (`DecodePace`, measured by probes while the prompt is parke
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +55,7 @@ _REFIT_EVERY = 4  # ticks with slices between least-squares fits (a fit takes ~0
 _REFIT_EVERY_DECODE_ONLY = 32
 _MARGIN_QUANTILE = 0.95  # of measured/predicted, over recent ticks with slices
 _MARGIN_TICKS = 64  # the recent ticks with slices that the margin is taken over
+_MARGIN_FRESH_S = 5.0  # ... of the last seconds (at least the last _MARGIN_MIN_SAMPLES of them)
 _ROOM_TICKS = 32  # the recent slice ticks whose measured room caps the next slice
 _MARGIN_MIN_SAMPLES = 8
 _DECODE_QUANTILE = 0.95  # of measured/predicted, over recent decode-only ticks
@@ -178,10 +183,13 @@ class DecodePace:
 class CostModel:
     """What ticks cost on this machine, learned from the ticks the engine runs."""
 
-    def __init__(self, window: int = 128, history: int = 4096) -> None:
+    def __init__(self, window: int = 128, history: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if window < 8 or history < 1:
             raise ValueError(f"window must be >= 8 and history >= 1, got {window}, {history}")
+        self._clock = clock
         self._with_slices: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._slice_times: deque[float] = deque(maxlen=window)  # when each was observed
         self._without: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
         # (rows, constrained rows, seconds) of the recent decode-only ticks, for their p95: a
         # longer window than the fit's, so a burst of noise a few dozen ticks long (a shared
@@ -214,6 +222,8 @@ class CostModel:
         if shape.slices and shape.decode_contexts and target_s is not None:
             self._room.append(self._room_tokens(shape, seconds, target_s))
         (self._with_slices if shape.slices else self._without).append((features, seconds))
+        if shape.slices:
+            self._slice_times.append(self._clock())
         if not shape.slices:
             self._steps.append((len(shape.decode_contexts), shape.constrained_rows, seconds))
             self._step_p95.clear()
@@ -296,11 +306,22 @@ class CostModel:
         scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
         xw = x / scale / y[:, None]
         self._coef = _nonnegative_lstsq(xw, np.ones_like(y)) / scale
-        recent = list(self._with_slices)[-_MARGIN_TICKS:]
+        recent = self._margin_ticks()
         if len(recent) >= _MARGIN_MIN_SAMPLES:
             fitted = np.array([f for f, _ in recent]) @ self._coef
             ratios = np.array([s for _, s in recent]) / np.maximum(fitted, 1e-12)
             self._margin = float(np.quantile(ratios, _MARGIN_QUANTILE))
+
+    def _margin_ticks(self) -> list[tuple[np.ndarray, float]]:
+        # The last _MARGIN_TICKS ticks with slices of the last _MARGIN_FRESH_S seconds, or the
+        # last _MARGIN_MIN_SAMPLES if fewer: ticks from before a quiet spell (a server's first
+        # tiny slices beside one stream, measured at 2-3x their prediction) must not size the
+        # next admission's slices (they held one admission's first 45 ticks to 1 token).
+        ticks = list(self._with_slices)[-_MARGIN_TICKS:]
+        times = list(self._slice_times)[-_MARGIN_TICKS:]
+        since = self._clock() - _MARGIN_FRESH_S
+        fresh = sum(t >= since for t in times)
+        return ticks[-max(fresh, _MARGIN_MIN_SAMPLES):]
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

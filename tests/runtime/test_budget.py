@@ -214,6 +214,33 @@ def test_the_model_follows_a_machine_that_slows_down():
     assert model.predict_s(shape) == pytest.approx(slow(shape), rel=0.1)
 
 
+def test_slice_ticks_from_before_a_quiet_spell_stop_sizing_slices_within_a_few_ticks():
+    # A trained model; then a server's first tiny ticks beside one stream, measured at 3x what
+    # they cost; then 10 s of decode-only ticks; then a prompt parked beside 4 streams.
+    truth, now = machine(), [0.0]
+    rng = random.Random(3)
+    model = CostModel(clock=lambda: now[0])
+    for _ in range(300):
+        shape, now[0] = random_tick(rng), now[0] + 0.02
+        model.observe(shape, truth(shape), target_s=truth(shape) * 1.25)
+    for _ in range(8):
+        shape, now[0] = TickShape((5,), (SliceShape(8, 2),)), now[0] + 0.02
+        model.observe(shape, 3 * truth(shape), target_s=0.006)
+    for _ in range(500):
+        shape, now[0] = TickShape((300,) * 4), now[0] + 0.02
+        model.observe(shape, truth(shape))
+    rows, target = (300,) * 4, 0.04
+    best = largest_fitting(truth, rows, 0, target)
+    sized = []
+    for _ in range(16):
+        n = max(1, model.slice_tokens_within(target, list(rows), 0, 512))
+        sized.append(n)
+        shape, now[0] = TickShape(rows, (SliceShape(n, 0),)), now[0] + 0.02
+        model.observe(shape, truth(shape), target_s=target)
+    assert sized[0] < best / 4  # the stale ticks still count while no fresh one has come
+    assert sized[-1] >= 0.6 * best  # 16 ticks later they no longer do
+
+
 def test_records_hold_the_prediction_made_before_each_tick():
     truth = machine()
     model = trained(truth, ticks=50)
