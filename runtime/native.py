@@ -22,18 +22,19 @@ time at context 600, 0.68-0.71x at 4,000-9,000 (ADR 0015 revision 1).
 
 And it holds the MLP's activation (`swiglu`: silu(gate) * up, as mlx-lm's llama and qwen2
 compute it), whose exponentials MLX's CPU build takes one float at a time: the kernel takes 16
-at once (exp by range reduction and a degree-7 polynomial, within 2e-6 of float64, as MLX's
-own). A 512-token chunk's forward 0.69x the time at context 1,000, 0.88x at 5,000; a 64-token
-slice's 0.74-0.98x; a decode step's 0.93-0.99x (ADR 0015 revision 2).
+at once (exp by range reduction and a degree-7 polynomial; within 2e-6 of float64, MLX's own
+within 3.6e-6). A 512-token chunk's forward 0.69x the time at context 1,000, 0.88x at 5,000; a
+64-token slice's 0.74-0.98x; a decode step's 0.93-0.99x (ADR 0015 revision 2).
 
 It is an MLX extension (a C++ `Primitive` whose `eval_cpu` queues the work on the stream, as
 MLX's own ops do), compiled with `g++ -O3 -march=native` against the installed MLX's headers
 and library and nanobind's sources (the `nanobind` package, whose version must share its
 internals with the one MLX was built with: a probe call at load checks it), once per machine
 into the cache directory (~10 s), named by everything it is built from (a new build deletes
-the ones no process has loaded for 30 days). Where it cannot be had
-(no g++, a failed build, a nanobind MLX does not share, not the CPU, $FAIRTICK_SOFTMAX=exact,
-or $FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention runs MLX's ops.
+the ones no process has loaded for 30 days). Where it cannot be had (no g++, a failed build, a
+nanobind MLX does not share, not the CPU, $FAIRTICK_SOFTMAX=exact, or
+$FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention and the activation run
+MLX's ops.
 """
 
 from __future__ import annotations
