@@ -22,15 +22,15 @@ under the current fit), stays within it: the machine's noise around the model no
 margin, and the streams' p99 gap is what it must hold (with the 0.9-quantile over 32 ticks,
 ticks ran to 1.2-1.3x their target at p99). Without the 5 s, a server's first tiny slice ticks
 beside one stream (measured at 2-3x their prediction) held the margin at ~3 through a quiet
-spell and the next admission's first 45 ticks to 1-token slices. A slice
-is also never larger than a recent slice tick next to decode rows says would have fitted: its
-slice's tokens times what its target left after the decode rows' predicted part over what the
-slice took after it (at most twice), the largest of the last 32. So slices start small and a
-model that errs (fitted on few-token slices, or misled by noise) grows them only by what measured
-ticks left room for: doubling a slice that had used 97% of its target ran the next tick to 1.8x
-it. The bound comes to the largest slice that fits from below (the slice's share is not all
-cost per token), and "recent", because a prompt's context grows: a 200-token slice that fitted
-at context 0 says nothing about one at context 8,000.
+spell and the next admission's first 45 ticks to 1-token slices. A slice is also never larger
+than a recent slice tick next to decode rows says would have fitted: its slice's tokens times
+what its target left after the decode rows' predicted part over what the slice took after it
+(at most twice), the largest of the last 32. So slices start small and a model that errs
+(fitted on few-token slices, or misled by noise) grows them only by what measured ticks left
+room for: doubling a slice that had used 97% of its target ran the next tick to 1.8x it. The
+bound comes to the largest slice that fits from below (the slice's share is not all cost per
+token), and "recent", because a prompt's context grows: a 200-token slice that fitted at
+context 0 says nothing about one at context 8,000.
 
 The target itself is stated in the decode rows' own step (runtime/tick_budget.py): its p95 measured
 before a prompt was parked (`CostModel.decode_step_p95_s`), times how much slower the rows'
@@ -221,10 +221,11 @@ class CostModel:
         self.records.append(TickRecord(shape, predicted, seconds, target_s))
         if shape.slices and shape.decode_contexts and target_s is not None:
             self._room.append(self._room_tokens(shape, seconds, target_s))
-        (self._with_slices if shape.slices else self._without).append((features, seconds))
         if shape.slices:
+            self._with_slices.append((features, seconds))
             self._slice_times.append(self._clock())
-        if not shape.slices:
+        else:
+            self._without.append((features, seconds))
             self._steps.append((len(shape.decode_contexts), shape.constrained_rows, seconds))
             self._step_p95.clear()
         self._since_fit += 1
@@ -314,9 +315,7 @@ class CostModel:
 
     def _margin_ticks(self) -> list[tuple[np.ndarray, float]]:
         # The last _MARGIN_TICKS ticks with slices of the last _MARGIN_FRESH_S seconds, or the
-        # last _MARGIN_MIN_SAMPLES if fewer: ticks from before a quiet spell (a server's first
-        # tiny slices beside one stream, measured at 2-3x their prediction) must not size the
-        # next admission's slices (they held one admission's first 45 ticks to 1 token).
+        # last _MARGIN_MIN_SAMPLES if fewer (the module's docstring says why).
         ticks = list(self._with_slices)[-_MARGIN_TICKS:]
         times = list(self._slice_times)[-_MARGIN_TICKS:]
         since = self._clock() - _MARGIN_FRESH_S
