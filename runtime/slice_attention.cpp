@@ -423,16 +423,13 @@ class Swiglu : public CpuPrimitive {
         const f16v ov = swiglu16(gv, uv);
         std::memcpy(o + i, &ov, sizeof(ov));
       }
-      if (i < size) {  // the last few, padded to a vector
-        alignas(64) float gl[16] = {}, ul[16] = {}, ol[16];
-        std::memcpy(gl, g + i, (size - i) * sizeof(float));
-        std::memcpy(ul, u + i, (size - i) * sizeof(float));
-        f16v gv, uv;
-        std::memcpy(&gv, gl, sizeof(gv));
-        std::memcpy(&uv, ul, sizeof(uv));
+      if (i < size) {  // the last few, in a vector padded with zeros
+        const size_t bytes = (size - i) * sizeof(float);
+        f16v gv{}, uv{};
+        std::memcpy(&gv, g + i, bytes);
+        std::memcpy(&uv, u + i, bytes);
         const f16v ov = swiglu16(gv, uv);
-        std::memcpy(ol, &ov, sizeof(ov));
-        std::memcpy(o + i, ol, (size - i) * sizeof(float));
+        std::memcpy(o + i, &ov, bytes);
       }
     });
   }
