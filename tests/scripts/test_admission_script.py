@@ -78,10 +78,11 @@ def test_refuses_streams_too_short_to_straddle_the_admission(mixed_server):
 
 
 def test_refuses_streams_that_end_before_the_window_after_the_first_token(mixed_server):
-    # 400 stream tokens outlast the half-second quiet window (a tick takes milliseconds) and
-    # the 200-token prompt's 13 chunks (13 ticks), but not 60 s of decoding after its first
-    # token: they reach max_tokens inside the window after it.
-    args = [*SMALL, "--stream-tokens", "400", "--post-s", "60", "--streams", "2",
+    # 1,500 stream tokens outlast the half-second quiet window and the 200-token prompt's 13
+    # chunks (at 1 ms a decode step, 1.5 s; 400 tokens ended before the prompt's first token on
+    # a fast machine), but not 60 s of decoding after its first token (at 30 ms a step, 45 s):
+    # they reach max_tokens inside the window after it.
+    args = [*SMALL, "--stream-tokens", "1500", "--post-s", "60", "--streams", "2",
             "--timeout-s", "120"]
     done = run_script(SCRIPT, "--url", mixed_server.url, *args)
     assert done.returncode == 2, done.stdout + done.stderr
