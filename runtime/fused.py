@@ -26,6 +26,10 @@ with a prefill slice, which cannot queue its next step ahead, ran ~0.9 ms (1 sli
 ~1.2 ms (8) shorter in-process, next to 4 decode rows at context 4,096, and a decode-only step
 ~0.5 ms (alternated A/B, 5 pairs each).
 
+Where the native kernels are had (runtime/native.py), a float32 rope's rotation of the pairs
+(x[i], x[i + D/2]) is one op of theirs instead of the fallback's remaining six (two slices, the
+rotation, a concatenation, the broadcasts), bit for bit.
+
 The MLP's activation (silu(gate) * up) runs through fairtick's native kernel where it can be
 had (runtime/native.py `swiglu`: MLX's CPU build computes each exponential alone, 0.45 ms of a
 layer's ~0.6 ms of MLP for a 64-token slice), to float32 rounding of mlx-lm's.
@@ -263,6 +267,10 @@ class RopeTable:
         """What the rope returns for `x` (rows, heads, length, head dims): the fallback's ops
         after its sines and cosines (mlx/fast.cpp, `rope`), in the same order."""
         dims, traditional = self.key[0], self.key[1]
+        kernel = native.rotate_halves()
+        if kernel is not None and not traditional and dims == x.shape[-1] and \
+                x.dtype == mx.float32 and self.cos.dtype == mx.float32:
+            return kernel(x, self.cos, self.sin)  # one op for the six below, bit for bit
         if traditional:
             x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
         else:

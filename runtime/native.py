@@ -1,5 +1,5 @@
 """A prompt slice's attention as one MLX primitive, built from C++ on the machine that runs it
-(with the decode rows' attention and the MLP's activation).
+(with the decode rows' attention, the MLP's activation and the rope's rotation).
 
 On MLX's CPU a prompt slice's attention is ~15 ops per key head (two products for the scores,
 their maxima, the exponentials, the sums, two products for the values: runtime/attention.py),
@@ -25,6 +25,11 @@ compute it), whose exponentials MLX's CPU build takes one float at a time: the k
 at once (exp by range reduction and a degree-7 polynomial; within 2e-6 of float64, MLX's own
 within 3.6e-6). A 512-token chunk's forward 0.69x the time at context 1,000, 0.88x at 5,000; a
 64-token slice's 0.74-0.98x; a decode step's 0.93-0.99x (ADR 0015 revision 2).
+
+And a rope's rotation (`rotate_halves`: the pairs (x[i], x[i + D/2]) by a segment's cosines and
+sines, `runtime/fused.py` `RopeTable`), one op where MLX's fallback is six, each product and sum
+rounded alone as the fallback rounds them (the compiler may not contract them into FMAs there),
+so bit for bit: a 4-row decode step's forward 0.95-0.98x, with a 1-token slice 0.88-0.97x.
 
 It is an MLX extension (a C++ `Primitive` whose `eval_cpu` queues the work on the stream, as
 MLX's own ops do), compiled with `g++ -O3 -march=native` against the installed MLX's headers
@@ -102,6 +107,13 @@ def swiglu() -> Any | None:
     is had; else None."""
     module = _module()
     return None if module is None else module.swiglu
+
+
+def rotate_halves() -> Any | None:
+    """A rope's rotation of the pairs (x[i], x[i + D/2]) (`f(x, cos, sin)`, float32, bit for
+    bit as MLX's fallback rotates them), where the slice kernel is had; else None."""
+    module = _module()
+    return None if module is None else module.rotate_halves
 
 
 def _module() -> ModuleType | None:

@@ -14,6 +14,10 @@
 //
 // swiglu(gate, up): the MLP's gate, silu(gate) * up as mlx-lm computes it, (gate * sigmoid(gate))
 // * up, with the exponential 16 floats at a time (MLX's CPU build takes each one alone).
+//
+// rotate_halves(x, cos, sin): a rope's rotation of x (B, H, L, D) by its angles' cosines and sines
+// (B or 1, 1, L, D / 2), the pairs (x[i], x[i + D/2]), each product and sum rounded on its own
+// as MLX's fallback rounds them: one op where the fallback's rotation is six.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -448,10 +452,65 @@ mx::array swiglu(const mx::array& gate, const mx::array& up) {
                    {mx::contiguous(gate, false, s), mx::contiguous(up, false, s)});
 }
 
+// Four products and two sums, each rounded alone: no contraction into a fused multiply-add,
+// which -march=native would otherwise allow, so the result is MLX's fallback's bit for bit.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void rotate_row(const float* x, int64_t x_step, const float* c, int64_t c_step, const float* s,
+                int64_t s_step, int half, float* out) {
+  for (int i = 0; i < half; ++i) {
+    const float x1 = x[i * x_step], x2 = x[(i + half) * x_step];
+    const float ci = c[i * c_step], si = s[i * s_step];
+    out[i] = x1 * ci - x2 * si;
+    out[i + half] = x1 * si + x2 * ci;
+  }
+}
+#pragma GCC pop_options
+
+class RotateHalves : public CpuPrimitive {
+ public:
+  explicit RotateHalves(mx::Stream stream) : CpuPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    queue(inputs, out, [](const std::vector<mx::array>& in, mx::array& out) {
+      const mx::array &x = in[0], &c = in[1], &s = in[2];
+      const int batch = x.shape(0), heads = x.shape(1), length = x.shape(2);
+      const int half = x.shape(3) / 2;
+      float* o = out.data<float>();
+      for (int b = 0; b < batch; ++b) {
+        const int cb = c.shape(0) == 1 ? 0 : b;  // one table for every row, or one a row
+        for (int h = 0; h < heads; ++h)
+          for (int l = 0; l < length; ++l) {
+            rotate_row(x.data<float>() + b * x.strides(0) + h * x.strides(1) + l * x.strides(2),
+                       x.strides(3),
+                       c.data<float>() + cb * c.strides(0) + l * c.strides(2), c.strides(3),
+                       s.data<float>() + cb * s.strides(0) + l * s.strides(2), s.strides(3),
+                       half, o + ((static_cast<int64_t>(b) * heads + h) * length + l) * 2 * half);
+          }
+      }
+    });
+  }
+  const char* name() const override { return "RotateHalves"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+mx::array rotate_halves(const mx::array& x, const mx::array& cos, const mx::array& sin) {
+  auto s = mx::to_stream({});
+  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32)
+    throw std::invalid_argument("rotate_halves: float32 only");
+  if (x.ndim() != 4 || x.shape(3) % 2 != 0 || cos.shape() != sin.shape() || cos.ndim() != 4 ||
+      (cos.shape(0) != 1 && cos.shape(0) != x.shape(0)) || cos.shape(1) != 1 ||
+      cos.shape(2) != x.shape(2) || 2 * cos.shape(3) != x.shape(3))
+    throw std::invalid_argument(
+        "rotate_halves: x (B, H, L, D) with D even; cos and sin (B or 1, 1, L, D / 2)");
+  return mx::array(x.shape(), mx::float32, std::make_shared<RotateHalves>(s), {x, cos, sin});
+}
+
 }  // namespace
 
 NB_MODULE(_fairtick_native, m) {
   m.def("slice_attention", &slice_attention, "queries"_a, "keys"_a, "values"_a, "length"_a);
   m.def("rows_attention", &rows_attention, "queries"_a, "keys"_a, "values"_a, "starts"_a);
   m.def("swiglu", &swiglu, "gate"_a, "up"_a);
+  m.def("rotate_halves", &rotate_halves, "x"_a, "cos"_a, "sin"_a);
 }

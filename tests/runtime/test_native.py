@@ -271,3 +271,48 @@ def test_the_activation_kernel_refuses_what_it_cannot_compute(swiglu_kernel):
         swiglu_kernel(mx.ones((2, 3)), mx.ones((3, 2)))
     with pytest.raises(ValueError, match="float32 only"):
         swiglu_kernel(mx.ones((2, 3), dtype=mx.float16), mx.ones((2, 3), dtype=mx.float16))
+
+
+@pytest.fixture
+def rotate_kernel(kernel):
+    return native.rotate_halves()
+
+
+# (rows, length, offsets): one prompt slice; decode rows each at its own offset.
+ROTATIONS = [(1, 7, [37]), (1, 300, [5000]), (4, 1, [900, 12, 4000, 0])]
+
+
+@pytest.mark.parametrize("rows,length,offsets", ROTATIONS, ids=str)
+def test_the_rotation_kernel_is_the_ropes_own_rotation_bit_for_bit(rows, length, offsets,
+                                                                   rotate_kernel, monkeypatch):
+    import mlx.nn as nn
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from runtime.fused import RopeTable, Segment
+
+    rope = nn.RoPE(32, traditional=False, base=10000.0)
+    if rows == 1:
+        cache = KVCache()
+        cache.offset = offsets[0]
+    else:
+        cache = BatchKVCache([3, 0, 9, 1])
+        cache.offset = mx.array(offsets)
+    table = RopeTable.of(rope, Segment(mx.zeros((rows, length), mx.int32), [cache], True),
+                         mx.float32)
+    assert table is not None
+    calls = []
+    monkeypatch.setattr(native, "rotate_halves",
+                        lambda: lambda *a: calls.append(a) or rotate_kernel(*a))
+    # The forward's layout: (rows, length, heads, D) projections viewed as (rows, heads, ...).
+    x = (mx.random.normal((rows, length, 4, 32), key=mx.random.key(8)) * 3).transpose(0, 2, 1, 3)
+    got = table.apply(x)
+    assert len(calls) == 1
+    assert mx.array_equal(got, rope(x, offset=cache.offset)).item()
+
+
+def test_the_rotation_kernel_refuses_what_it_cannot_rotate(rotate_kernel):
+    x, table = mx.ones((1, 2, 3, 8)), mx.ones((1, 1, 3, 4))
+    with pytest.raises(ValueError, match="float32 only"):
+        rotate_kernel(x.astype(mx.float16), table, table)
+    with pytest.raises(ValueError, match=r"cos and sin \(B or 1, 1, L, D / 2\)"):
+        rotate_kernel(x, mx.ones((1, 1, 3, 8)), mx.ones((1, 1, 3, 8)))
