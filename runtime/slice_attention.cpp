@@ -453,11 +453,15 @@ mx::array swiglu(const mx::array& gate, const mx::array& up) {
 }
 
 // Four products and two sums, each rounded alone: no contraction into a fused multiply-add,
-// which -march=native would otherwise allow, so the result is MLX's fallback's bit for bit.
+// which -march=native would otherwise allow (GCC's pragma, or clang's where $CXX is clang), so
+// the result is MLX's fallback's bit for bit.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 void rotate_row(const float* x, int64_t x_step, const float* c, int64_t c_step, const float* s,
                 int64_t s_step, int half, float* out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
   for (int i = 0; i < half; ++i) {
     const float x1 = x[i * x_step], x2 = x[(i + half) * x_step];
     const float ci = c[i * c_step], si = s[i * s_step];
