@@ -38,8 +38,8 @@ internals with the one MLX was built with: a probe call at load checks it), once
 into the cache directory (~10 s), named by everything it is built from (a new build deletes
 the ones no process has loaded for 30 days). Where it cannot be had (no g++, a failed build, a
 nanobind MLX does not share, not the CPU, $FAIRTICK_SOFTMAX=exact, or
-$FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention and the activation run
-MLX's ops.
+$FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention, the activation and the
+rotation run MLX's ops.
 """
 
 from __future__ import annotations
@@ -91,29 +91,31 @@ def setting() -> str:
 def slice_attention() -> Any | None:
     """The kernel (`f(queries, keys, values, length)`), built and loaded on first call; None
     where it cannot be had (`reason()` says why)."""
-    module = _module()
-    return None if module is None else module.slice_attention
+    return _kernel("slice_attention")
 
 
 def rows_attention() -> Any | None:
     """The decode rows' kernel (`f(queries, keys, values, starts)`: one query token a row,
     row b attending its keys from starts[b] on), where the slice kernel is had; else None."""
-    module = _module()
-    return None if module is None else module.rows_attention
+    return _kernel("rows_attention")
 
 
 def swiglu() -> Any | None:
     """The MLP's activation (`f(gate, up)`: silu(gate) * up, float32), where the slice kernel
     is had; else None."""
-    module = _module()
-    return None if module is None else module.swiglu
+    return _kernel("swiglu")
 
 
 def rotate_halves() -> Any | None:
     """A rope's rotation of the pairs (x[i], x[i + D/2]) (`f(x, cos, sin)`, float32, bit for
     bit as MLX's fallback rotates them), where the slice kernel is had; else None."""
+    return _kernel("rotate_halves")
+
+
+def _kernel(name: str) -> Any | None:
+    # The extension's function `name`; None where the extension cannot be had.
     module = _module()
-    return None if module is None else module.rotate_halves
+    return None if module is None else getattr(module, name)
 
 
 def _module() -> ModuleType | None:

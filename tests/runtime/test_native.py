@@ -15,6 +15,7 @@ import sys
 import time
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -250,13 +251,7 @@ def test_the_activation_kernel_covers_floats_whole_range(swiglu_kernel):
     special = mx.array([np.inf, -np.inf, np.nan], dtype=mx.float32)
     ones = mx.ones((3,))
     np.testing.assert_array_equal(np.array(swiglu_kernel(special, ones)),
-                                  np.array(nn_silu(special) * ones))
-
-
-def nn_silu(x: mx.array) -> mx.array:
-    import mlx.nn as nn
-
-    return nn.silu(x)
+                                  np.array(nn.silu(special) * ones))
 
 
 def test_the_activation_kernel_reads_views_in_their_order(swiglu_kernel):
@@ -285,7 +280,6 @@ ROTATIONS = [(1, 7, [37]), (1, 300, [5000]), (4, 1, [900, 12, 4000, 0])]
 @pytest.mark.parametrize("rows,length,offsets", ROTATIONS, ids=str)
 def test_the_rotation_kernel_is_the_ropes_own_rotation_bit_for_bit(rows, length, offsets,
                                                                    rotate_kernel, monkeypatch):
-    import mlx.nn as nn
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
     from runtime.fused import RopeTable, Segment
