@@ -128,14 +128,16 @@ def measure(label: str, flags: list[str], max_tokens: list[int], out: Path, time
 
 def overflow(server: Server, budget: int, max_waiting: int, timeout_s: float) -> dict[str, Any]:
     """At once: as many prompts (1000 tokens, or an eighth of the budget if less) as the KV
-    budget holds, max_waiting more to fill the queue, and 4 beyond: how many got 429, and
+    budget holds by their prompts alone (the most the scheduler runs at once: it accounts KV
+    as it is used), max_waiting more to fill the queue, and 4 beyond: how many got 429, and
     whether each 429 said when to come back. Each asks for as many tokens as the budget leaves
     it, up to 256, so none finishes (and frees its place) before the last is sent: with 64, a
     fast engine finished the first while the burst was still arriving and nothing was
-    refused."""
+    refused; counting only the prompts that fit with their whole output, a fast engine
+    admitted enough of the burst while it arrived that the queue never filled."""
     prompt_tokens = max(16, min(1000, budget // 8))
     max_tokens = max(16, min(256, budget - prompt_tokens))
-    count = budget // (prompt_tokens + max_tokens) + max_waiting + 4
+    count = budget // prompt_tokens + max_waiting + 4
     replies: list[tuple[int, str | None]] = []
     lock = threading.Lock()
 
