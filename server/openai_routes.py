@@ -29,7 +29,13 @@ from server.errors import ApiError
 from server.logprobs_format import ChoiceLogprobs, choice_logprobs
 from server.response_format import compile_off_loop, compile_response_format
 from server.streams import EventStream, engine_unavailable
-from server.tool_calls import ToolCall, ToolCallStream, compile_tool_calls, parse_tool_calls
+from server.tool_calls import (
+    ToolCall,
+    ToolCallStream,
+    compile_tool_calls,
+    parse_forced_calls,
+    parse_tool_calls,
+)
 from server.validation import Kind, ValidRequest, parse_request_body, validate_request
 
 if TYPE_CHECKING:
@@ -144,6 +150,10 @@ def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest,
             logprobs: dict[str, Any] | None) -> fmt.Choice:
     if valid.tools is None:
         return fmt.Choice(index, text, last.finish_reason, logprobs)
+    choice = valid.tools.choice
+    if choice.mode in ("required", "function"):  # calls only, one cut short included
+        calls = parse_forced_calls(text, valid.tools.names, choice)
+        return fmt.Choice(index, None, last.finish_reason, logprobs, tuple(calls))
     content, calls = parse_tool_calls(text, valid.tools.names)
     return fmt.Choice(index, content, last.finish_reason, logprobs, tuple(calls))
 
@@ -167,14 +177,17 @@ async def _relay_sse(
                  **ignored_header(list(valid.ignored))},
     )
     await response.send("", end_stream=False)  # the headers, now: the request is accepted
+    # A forced choice ("required" or a named function) writes calls only.
+    forced = valid.tools.choice if valid.tools is not None and \
+        valid.tools.choice.mode in ("required", "function") else None
     if header.kind == "chat":
-        forced = valid.tools is not None and valid.tools.choice.mode in ("required", "function")
         for index in range(stream.num_choices):
             await response.send(fmt.sse(fmt.chunk(header, None, None, index,
-                                                  calls_only=forced)))
+                                                  calls_only=forced is not None)))
     last: dict[int, TokenEvent] = {}
     names = valid.tools.names if valid.tools is not None else None
-    readers = {i: ToolCallStream(names) for i in range(stream.num_choices)} if names else {}
+    readers = {i: ToolCallStream(names, forced) for i in range(stream.num_choices)} \
+        if names else {}
     num_calls = dict.fromkeys(range(stream.num_choices), 0)
     async for event in stream.events():
         choice = logprobs.get(event.index)

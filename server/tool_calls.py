@@ -145,6 +145,54 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolC
     return (content or None) if calls else content, calls
 
 
+def parse_forced_calls(text: str, names: set[str], choice: ToolChoice) -> list[ToolCall]:
+    """The calls of an output under a forced choice ("required" or a named function), whose
+    grammar lets it write calls only: each whole block's, then, where the output was cut inside
+    a block (by max_tokens or a stop string), the call that block was writing (`cut_call`).
+    Nothing of it is content: a cut block's markup is not the model's text."""
+    _, calls = parse_tool_calls(text, names)
+    end = text.rfind(CLOSE)
+    cut = cut_call(text[end + len(CLOSE):] if end >= 0 else text, names, choice)
+    return calls if cut is None else [*calls, cut]
+
+
+def cut_call(tail: str, names: set[str], choice: ToolChoice) -> ToolCall | None:
+    """The call that `tail`, the end of a forced choice's output after its last whole block, was
+    writing when the output was cut: its function (the choice's, or the one the block names
+    once that name is written whole) and its arguments as far as they were written (not JSON,
+    unless the cut fell after them: then the whole arguments, as `_read_call` writes them).
+    None when `tail` holds no block, or no function is known yet."""
+    tail = tail.lstrip()
+    if not tail or not (tail.startswith(OPEN) or OPEN.startswith(tail)):
+        return None
+    body = tail[len(OPEN):]
+    named = _CUT_NAME.match(body)
+    name = choice.name if choice.mode == "function" else None
+    if named is not None:
+        try:
+            written = json.loads(named.group(1))
+        except ValueError:
+            written = None
+        name = name or (written if written in names else None)
+    if name is None:
+        return None
+    if named is None or not named.group(2):
+        return ToolCall(new_call_id(), name, "")
+    arguments = body[named.end():]
+    try:
+        value, _ = json.JSONDecoder(parse_constant=_no_constant,
+                                    parse_float=_Float).raw_decode(arguments)
+    except ValueError:
+        return ToolCall(new_call_id(), name, arguments)  # cut inside them
+    return ToolCall(new_call_id(), name, _dumps_numbers_as_written(value))
+
+
+# The head of a call block as far as its name (group 1) and, once written, the arguments' key
+# (group 2); the arguments follow the match.
+_CUT_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*'
+                       r'(,\s*"arguments"\s*:\s*)?', re.DOTALL)
+
+
 def loads_as_written(text: str) -> Any:
     """`text` as JSON with each number that has a fraction or exponent kept as written (`_Float`):
     a number past the float range is valid JSON (a tool call's arguments may hold one, as the
@@ -203,8 +251,9 @@ class ToolCallStream:
     back text that may begin a block, a block until it closes, and whitespace until content
     follows it (the content is stripped, as the whole parse strips it)."""
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], forced: ToolChoice | None = None) -> None:
         self.names = names
+        self.forced = forced  # a forced choice: its output is calls only (`parse_forced_calls`)
         self._pending = ""  # undecided text
         self._space = ""  # whitespace held until content follows it
         self._started = False  # any content emitted yet
@@ -234,9 +283,15 @@ class ToolCallStream:
                 out.append(call)
 
     def finish(self) -> list[str | ToolCall]:
-        """What is left: an unclosed block or a partial tag is content."""
+        """What is left: an unclosed block or a partial tag is content; under a forced choice,
+        the call it was writing (`cut_call`), if any."""
         out: list[str | ToolCall] = []
-        self._content(self._pending, out)
+        if self.forced is not None:
+            cut = cut_call(self._pending, self.names, self.forced)
+            if cut is not None:
+                out.append(cut)
+        else:
+            self._content(self._pending, out)
         self._pending = ""
         return out
 

@@ -83,6 +83,30 @@ def test_a_forced_choice_gets_well_formed_tool_calls(client, model_name, choice)
         [c.function.arguments for c in message.tool_calls]
 
 
+@pytest.mark.parametrize("choice", [
+    "required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_is_a_call_whose_arguments_stop_there(
+        client, model_name, choice):
+    # The output is cut inside its call block: the client gets that call (its arguments as far
+    # as written, not JSON yet) and finish_reason "length", never the block's markup as text.
+    args = dict(model=model_name, messages=MESSAGES, tools=[WEATHER], tool_choice=choice,
+                parallel_tool_calls=False)
+    whole = client.chat.completions.create(max_tokens=300, **args).choices[0].message
+    assert len(whole.tool_calls) == 1
+    written = whole.tool_calls[0].function.arguments
+    # The block's head is ~45 one-byte tokens: 60 stops inside the arguments.
+    out = client.chat.completions.create(max_tokens=60, **args).choices[0]
+    assert out.finish_reason == "length" and out.message.content is None
+    [call] = out.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert call.function.arguments and written.startswith(call.function.arguments)
+    assert call.function.arguments != written
+    content, calls, finish = streamed(client, max_tokens=60, **args)
+    assert finish == "length" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [("get_weather", call.function.arguments)]
+
+
 def test_parallel_calls_sampled(client, model_name):
     out = client.chat.completions.create(model=model_name, messages=MESSAGES, tools=TOOLS,
                                          tool_choice="required", max_tokens=1000,

@@ -25,6 +25,7 @@ from server.tool_calls import (
     ToolCallStream,
     ToolChoice,
     compile_tool_calls,
+    parse_forced_calls,
     parse_tool_calls,
     render_call,
     tool_format,
@@ -118,6 +119,67 @@ def test_a_partial_tag_is_held_back_until_decided():
     assert stream.feed("hi <tool_") == ["hi"]
     assert stream.feed("cal") == []
     assert stream.feed("x> there") == [" <tool_calx> there"]
+
+
+WEATHER_ARGS = '{"city": "Bonn", "unit": "C"}'
+FORCED_OUTPUT = render_call("get_time", '{"zone": 3}') + "\n" + \
+    render_call("get_weather", WEATHER_ARGS)
+FORCED_CHOICES = [ToolChoice("required"), ToolChoice("function", "get_weather")]
+
+
+def cut_short(text: str, choice: ToolChoice) -> list[tuple[str, str]]:
+    """What the calls of a forced output cut after `text` must be: the whole blocks' calls, then
+    the block being written, once its function is known (the choice's, or its name written
+    whole), with its arguments as far as written (all of them once whole)."""
+    whole, _, tail = text.rpartition(CLOSE)
+    calls = calls_of(parse_tool_calls(whole + CLOSE, NAMES)[1]) if whole else []
+    if not tail.strip():
+        return calls
+    head = tail[tail.find(OPEN):] if OPEN in tail else ""
+    name = "get_weather" if choice.mode == "function" else None
+    if '"name": "get_weather"' in head:
+        name = "get_weather"
+    if name is None:
+        return calls
+    key = '"arguments": '
+    written = head[head.index(key) + len(key):] if key in head else ""
+    return [*calls, (name, WEATHER_ARGS if written.startswith(WEATHER_ARGS) else written)]
+
+
+@pytest.mark.parametrize("choice", FORCED_CHOICES, ids=lambda c: c.mode)
+def test_a_forced_output_cut_anywhere_keeps_the_call_it_was_writing(choice):
+    # max_tokens or a stop string may end a forced choice's output inside a block: the client
+    # still gets calls only (OpenAI: a call whose arguments stop where the output stopped), not
+    # the block's markup as content. In the named choice every cut is a call of that function.
+    assert FORCED_OUTPUT.startswith(OPEN + '\n{"name": "get_time"')
+    second = FORCED_OUTPUT.index(CLOSE) + len(CLOSE)
+    for cut in range(second, len(FORCED_OUTPUT) + 1):
+        text = FORCED_OUTPUT[:cut]
+        calls = parse_forced_calls(text, NAMES, choice)
+        assert [(c.name, c.arguments) for c in calls] == cut_short(text, choice), text
+    # From the second block's first character (after the "\n" between blocks) to its end.
+    named = [parse_forced_calls(FORCED_OUTPUT[second:cut], NAMES, FORCED_CHOICES[1])
+             for cut in range(second + 2, len(FORCED_OUTPUT) + 1)]
+    assert all([c.name for c in calls] == ["get_weather"] for calls in named)
+    assert named[0][0].arguments == "" and named[-1][0].arguments == WEATHER_ARGS
+    assert any(calls[0].arguments == '{"city": "Bo' for calls in named)
+    # "required" knows the function once its name is written whole.
+    assert parse_forced_calls(OPEN + '\n{"name": "get_wea', NAMES, FORCED_CHOICES[0]) == []
+    assert parse_forced_calls("", NAMES, FORCED_CHOICES[1]) == []
+
+
+@given(st.integers(min_value=0), st.sampled_from(FORCED_CHOICES),
+       st.randoms(use_true_random=False))
+def test_a_forced_stream_cut_anywhere_reads_what_the_whole_text_reads(at, choice, rnd):
+    text = FORCED_OUTPUT[:at % (len(FORCED_OUTPUT) + 1)]
+    cuts = sorted(rnd.sample(range(len(text) + 1), min(len(text) + 1, rnd.randint(0, 8))))
+    stream, parts = ToolCallStream(NAMES, choice), []
+    for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        parts += stream.feed(text[a:b])
+    parts += stream.finish()
+    assert not [p for p in parts if isinstance(p, str)], "a forced choice writes no content"
+    assert calls_of(parts) == [(c.name, c.arguments)
+                               for c in parse_forced_calls(text, NAMES, choice)]
 
 
 def test_tool_format_follows_the_chat_template():
