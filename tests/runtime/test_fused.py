@@ -177,17 +177,25 @@ ROPES = {
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=str)
 @pytest.mark.parametrize("rope", ROPES)
-@pytest.mark.parametrize("offset", ["one row at 37", "rows at their own offsets"])
-def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset):
-    # Whatever the BLAS or softmax: both are elementwise products and sums.
+@pytest.mark.parametrize("offset", ["one row at 37", "rows at their own offsets",
+                                    "one row past the first table"])
+def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset, monkeypatch):
+    # Whatever the BLAS or softmax: both are elementwise products and sums. The angles come
+    # off a table of positions (held across forwards, grown when a segment reaches past it).
+    from runtime import fused
     from runtime.fused import RopeTable
+    monkeypatch.setattr(fused, "_POSITIONS", {})
     module = nn.RoPE(**ROPES[rope])
-    rows, length = (1, 5) if offset == "one row at 37" else (4, 1)
+    rows, length = (4, 1) if offset == "rows at their own offsets" else (1, 5)
     cache = KVCache()
-    cache.offset = 37
+    cache.offset = 37 if offset == "one row at 37" else fused._MIN_POSITIONS * 2 + 3
     if rows > 1:
-        cache = BatchKVCache([3, 0, 9, 1])  # left padding: offsets differ row by row
-        cache.offset = mx.array([900, 12, 4000, 0])
+        # Left padding, as after 4,000 steps of a batch: offsets differ row by row.
+        cache = BatchKVCache([3100, 3988, 0, 4000])
+        cache.offset, cache._idx = mx.array([900, 12, 4000, 0]), 4000
+    if offset == "one row past the first table":  # a table held already, which grows
+        RopeTable.of(module, Segment(mx.zeros((1, 1), mx.int32), [KVCache()], True), dtype)
+        assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [fused._MIN_POSITIONS]
     segment = Segment(mx.zeros((rows, length), mx.int32), [cache], logits=True)
     table = RopeTable.of(module, segment, dtype)
     assert table is not None and table.serves(module, dtype)
@@ -197,12 +205,16 @@ def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset):
     # Bit for bit, unless the compiled rotation may fuse a multiply-add (not on x86-64).
     assert mx.array_equal(got, want).item() if ROTATION_EXACT else mx.allclose(
         got.astype(mx.float32), want.astype(mx.float32), rtol=1e-3, atol=1e-5).item()
+    if offset == "one row past the first table":
+        assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [2 * fused._MIN_POSITIONS + 8]
     # The same rope on another dtype, or another rope, is not served by this table.
     assert not table.serves(module, mx.float32 if dtype != mx.float32 else mx.float16)
     assert not table.serves(nn.RoPE(ROPES[rope]["dims"], traditional=True, base=1.0), dtype)
 
 
-def test_a_forward_computes_each_segments_rope_angles_once_not_in_every_layer(monkeypatch):
+def test_a_forward_reads_its_rope_angles_off_one_table_not_in_every_layer(monkeypatch):
+    from runtime import fused
+    monkeypatch.setattr(fused, "_POSITIONS", {})
     model = random_model(llama, model_type="llama")
     num_layers = len(model.model.layers)
     calls = []
@@ -218,7 +230,8 @@ def test_a_forward_computes_each_segments_rope_angles_once_not_in_every_layer(mo
         return len(calls)
 
     assert num_layers > 1
-    assert rope_calls(forward_fused) == 2  # one per segment
+    assert rope_calls(forward_fused) == 1  # the table of positions, for every segment
+    assert rope_calls(forward_fused) == 0  # ... held for the next forward
     assert rope_calls(forward_apart) == 2 * 2 * num_layers  # queries and keys, every layer
 
 
