@@ -148,19 +148,22 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scal
     batch, num_heads, length, dim = queries.shape
     num_kv_heads, num_keys = keys.shape[1], keys.shape[2]
     group = num_heads // num_kv_heads
-    queries = (mx.array(scale, queries.dtype) * queries).reshape(
-        batch, num_kv_heads, group * length, dim)
+    queries = queries.reshape(batch, num_kv_heads, group * length, dim)
     if isinstance(mask, str) and mask != "causal":
         raise ValueError(f"unknown attention mask {mask!r}: an array, 'causal' or None")
     kernel = native.slice_attention() if FAST_SOFTMAX and mask == "causal" and 1 < length \
         else None
+    # The native kernels scale the queries as they read them, as the ops below do first (one
+    # product each, rounded alike): one op fewer to dispatch.
     if kernel is not None and queries.dtype == keys.dtype == values.dtype == mx.float32:
-        out = kernel(queries, keys, values, length)
-    elif FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
-        out = _attend_slice(queries, keys, values, group, length)
+        out = kernel(queries, keys, values, length, scale)
     elif length == 1 and (rows := _rows_kernel(queries, keys, values, cache, mask)) is not None:
-        out = rows[0](queries, keys, values, rows[1])
+        out = rows[0](queries, keys, values, rows[1], scale)
+    elif FAST_SOFTMAX and mask == "causal" and 1 < length < num_keys:
+        out = _attend_slice(mx.array(scale, queries.dtype) * queries, keys, values, group,
+                            length)
     else:
+        queries = mx.array(scale, queries.dtype) * queries
         if FAST_SOFTMAX and length == 1:
             # Decode rows: keys @ queries^T reads the long operand as BLAS's rows (the same
             # dot products); a 4-row batch's attention at 1,300-3,000 keys 0.88-0.92x the time.

@@ -1,16 +1,18 @@
 // A prompt slice's attention against its cache, as one MLX primitive on the CPU
 // (runtime/native.py builds and loads it; runtime/attention.py `attend` calls it).
 //
-// slice_attention(queries, keys, values, length): queries (B, H, group * length, D), already
-// scaled, the rows of a key head's group of query heads one after another (row r is the
-// slice's position r % length); keys and values (B, H, cached + length, D) float32, the last
-// `length` the slice's own. Every query attends every cached key and its slice's keys up to
-// its own position. Each query row's softmax runs online over blocks of KB keys (a running
-// maximum, the sums and weighted values rescaled when it grows), the rows 8 or 16 at a time in
-// one vector of floats.
+// slice_attention(queries, keys, values, length, scale): queries (B, H, group * length, D),
+// each multiplied by `scale` as it is read (one product, rounded as MLX's own scaling of the
+// queries rounds it, so no op of MLX's scales them first), the rows of a key head's group of
+// query heads one after another (row r is the slice's position r % length); keys and values
+// (B, H, cached + length, D) float32, the last `length` the slice's own. Every query attends
+// every cached key and its slice's keys up to its own position. Each query row's softmax runs
+// online over blocks of KB keys (a running maximum, the sums and weighted values rescaled when
+// it grows), the rows 8 or 16 at a time in one vector of floats.
 //
-// rows_attention(queries, keys, values, starts): decode rows, one query token each: queries
-// (B, H, group, D), row b attending its keys from starts[b] on (a batch cache's left padding).
+// rows_attention(queries, keys, values, starts, scale): decode rows, one query token each,
+// scaled as the slice's are: queries (B, H, group, D), row b attending its keys from starts[b]
+// on (a batch cache's left padding).
 //
 // swiglu(gate, up): the MLP's gate, silu(gate) * up as mlx-lm computes it, (gate * sigmoid(gate))
 // * up, with the exponential 16 floats at a time (MLX's CPU build takes each one alone).
@@ -109,7 +111,7 @@ void for_each_head(const mx::array& q, const mx::array& k, const mx::array& v, m
 // One key head: `rows` queries (group-major: row r is at position r % length of the slice)
 // against `keys` keys, the last `length` of them the slice's own under the causal mask.
 template <typename V, typename I>
-void attend_head(const Head& h, int rows, int keys, int dim, int length) {
+void attend_head(const Head& h, int rows, int keys, int dim, int length, float q_scale) {
   constexpr int W = sizeof(V) / sizeof(float);
   const int cached = keys - length;
   const float inf = std::numeric_limits<float>::infinity();
@@ -118,7 +120,8 @@ void attend_head(const Head& h, int rows, int keys, int dim, int length) {
   for (int c = 0; c < rows; c += W) {
     alignas(64) float lane[W];
     for (int e = 0; e < dim; ++e) {
-      for (int w = 0; w < W; ++w) lane[w] = c + w < rows ? h.q[(c + w) * h.q_row + e] : 0.0f;
+      for (int w = 0; w < W; ++w)
+        lane[w] = c + w < rows ? h.q[(c + w) * h.q_row + e] * q_scale : 0.0f;
       std::memcpy(&qc[e], lane, sizeof(lane));
     }
     I position;
@@ -207,24 +210,28 @@ class CpuPrimitive : public mx::UnaryPrimitive {
 
 class SliceAttention : public CpuPrimitive {
  public:
-  SliceAttention(mx::Stream stream, int length) : CpuPrimitive(stream), length_(length) {}
+  SliceAttention(mx::Stream stream, int length, float scale)
+      : CpuPrimitive(stream), length_(length), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    queue(inputs, out, [length = length_](const std::vector<mx::array>& in, mx::array& out) {
+    queue(inputs, out, [length = length_, scale = scale_](const std::vector<mx::array>& in,
+                                                          mx::array& out) {
       const int rows = in[0].shape(2), keys = in[1].shape(2), dim = in[0].shape(3);
       for_each_head(in[0], in[1], in[2], out, [&](const Head& h, int) {
-        if (rows <= 8) attend_head<f8v, i8v>(h, rows, keys, dim, length);
-        else attend_head<f16v, i16v>(h, rows, keys, dim, length);
+        if (rows <= 8) attend_head<f8v, i8v>(h, rows, keys, dim, length, scale);
+        else attend_head<f16v, i16v>(h, rows, keys, dim, length, scale);
       });
     });
   }
   const char* name() const override { return "SliceAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return length_ == static_cast<const SliceAttention&>(other).length_;
+    const auto& o = static_cast<const SliceAttention&>(other);
+    return length_ == o.length_ && scale_ == o.scale_;
   }
 
  private:
   int length_;
+  float scale_;
 };
 
 void check_operands(const mx::array& queries, const mx::array& keys, const mx::array& values,
@@ -241,14 +248,14 @@ void check_operands(const mx::array& queries, const mx::array& keys, const mx::a
 }
 
 mx::array slice_attention(const mx::array& queries, const mx::array& keys,
-                          const mx::array& values, int length) {
+                          const mx::array& values, int length, float scale) {
   auto s = mx::to_stream({});
   check_operands(queries, keys, values, "slice_attention");
   if (length < 1 || length > keys.shape(2) || queries.shape(2) % length != 0)
     throw std::invalid_argument(
         "slice_attention: length must be 1 to the keys' count and divide the query rows");
-  return mx::array(queries.shape(), mx::float32, std::make_shared<SliceAttention>(s, length),
-                   {queries, keys, values});
+  return mx::array(queries.shape(), mx::float32,
+                   std::make_shared<SliceAttention>(s, length, scale), {queries, keys, values});
 }
 
 
@@ -280,13 +287,14 @@ inline f8v load8(const float* p) {
   return x;
 }
 
-void attend_rows(const Head& h, int rows, int keys, int dim, int start) {
+void attend_rows(const Head& h, int rows, int keys, int dim, int start, float q_scale) {
   constexpr int MAX_ROWS = 16;
   const int chunks = dim / 8;
   std::vector<f8v> acc(static_cast<size_t>(rows) * chunks);
   std::vector<f8v> q(static_cast<size_t>(rows) * chunks);
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < chunks; ++c) q[r * chunks + c] = load8(h.q + r * h.q_row + 8 * c);
+    for (int c = 0; c < chunks; ++c)
+      q[r * chunks + c] = load8(h.q + r * h.q_row + 8 * c) * splat<f8v>(q_scale);
   float most[MAX_ROWS], total[MAX_ROWS];
   for (int r = 0; r < rows; ++r) {
     most[r] = -1e30f;
@@ -353,24 +361,29 @@ void attend_rows(const Head& h, int rows, int keys, int dim, int start) {
 
 class RowsAttention : public CpuPrimitive {
  public:
-  explicit RowsAttention(mx::Stream stream) : CpuPrimitive(stream) {}
+  RowsAttention(mx::Stream stream, float scale) : CpuPrimitive(stream), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    queue(inputs, out, [](const std::vector<mx::array>& in, mx::array& out) {
+    queue(inputs, out, [scale = scale_](const std::vector<mx::array>& in, mx::array& out) {
       const mx::array& starts = in[3];
       const int rows = in[0].shape(2), keys = in[1].shape(2), dim = in[0].shape(3);
       for_each_head(in[0], in[1], in[2], out, [&](const Head& h, int b) {
         const int start = std::clamp(starts.data<int32_t>()[b * starts.strides(0)], 0, keys);
-        attend_rows(h, rows, keys, dim, start);
+        attend_rows(h, rows, keys, dim, start, scale);
       });
     });
   }
   const char* name() const override { return "RowsAttention"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return scale_ == static_cast<const RowsAttention&>(other).scale_;
+  }
+
+ private:
+  float scale_;
 };
 
 mx::array rows_attention(const mx::array& queries, const mx::array& keys,
-                         const mx::array& values, const mx::array& starts) {
+                         const mx::array& values, const mx::array& starts, float scale) {
   auto s = mx::to_stream({});
   check_operands(queries, keys, values, "rows_attention");
   if (queries.shape(2) > 16 || queries.shape(3) % 8 != 0)
@@ -378,7 +391,7 @@ mx::array rows_attention(const mx::array& queries, const mx::array& keys,
         "rows_attention: at most 16 query rows a key head, head dim a multiple of 8");
   if (starts.ndim() != 1 || starts.shape(0) != queries.shape(0))
     throw std::invalid_argument("rows_attention: starts must be (B,), one per row");
-  return mx::array(queries.shape(), mx::float32, std::make_shared<RowsAttention>(s),
+  return mx::array(queries.shape(), mx::float32, std::make_shared<RowsAttention>(s, scale),
                    {queries, keys, values, mx::astype(starts, mx::int32, s)});
 }
 
@@ -409,14 +422,32 @@ inline f16v swiglu16(f16v g, f16v u) {
   return (g * sigmoid) * u;
 }
 
+// `a`'s elements in row-major order: its own buffer where it is row-contiguous (a product's
+// output always is), else gathered into `copy` (a view: transposed, broadcast, sliced).
+const float* row_major(const mx::array& a, std::vector<float>& copy) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  copy.resize(a.size());
+  const int nd = a.ndim();
+  std::vector<int64_t> at(nd, 0);
+  const float* base = a.data<float>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t offset = 0;
+    for (int d = 0; d < nd; ++d) offset += at[d] * a.strides(d);
+    copy[i] = base[offset];
+    for (int d = nd - 1; d >= 0 && ++at[d] == a.shape(d); --d) at[d] = 0;
+  }
+  return copy.data();
+}
+
 class Swiglu : public CpuPrimitive {
  public:
   explicit Swiglu(mx::Stream stream) : CpuPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     queue(inputs, out, [](const std::vector<mx::array>& in, mx::array& out) {
-      const float* g = in[0].data<float>();
-      const float* u = in[1].data<float>();
+      std::vector<float> gate_copy, up_copy;
+      const float* g = row_major(in[0], gate_copy);
+      const float* u = row_major(in[1], up_copy);
       float* o = out.data<float>();
       const size_t size = out.size();
       size_t i = 0;
@@ -447,9 +478,9 @@ mx::array swiglu(const mx::array& gate, const mx::array& up) {
     throw std::invalid_argument("swiglu: float32 only");
   if (gate.shape() != up.shape())
     throw std::invalid_argument("swiglu: gate and up must have one shape");
-  // Row-contiguous operands: the kernel walks them as flat buffers.
-  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(s),
-                   {mx::contiguous(gate, false, s), mx::contiguous(up, false, s)});
+  // The kernel walks its operands as flat buffers, a view's gathered first (`row_major`): no
+  // op of MLX's to make them contiguous, two fewer a layer to dispatch.
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(s), {gate, up});
 }
 
 // Four products and two sums, each rounded alone: no contraction into a fused multiply-add,
@@ -513,8 +544,10 @@ mx::array rotate_halves(const mx::array& x, const mx::array& cos, const mx::arra
 }  // namespace
 
 NB_MODULE(_fairtick_native, m) {
-  m.def("slice_attention", &slice_attention, "queries"_a, "keys"_a, "values"_a, "length"_a);
-  m.def("rows_attention", &rows_attention, "queries"_a, "keys"_a, "values"_a, "starts"_a);
+  m.def("slice_attention", &slice_attention, "queries"_a, "keys"_a, "values"_a, "length"_a,
+        "scale"_a = 1.0f);
+  m.def("rows_attention", &rows_attention, "queries"_a, "keys"_a, "values"_a, "starts"_a,
+        "scale"_a = 1.0f);
   m.def("swiglu", &swiglu, "gate"_a, "up"_a);
   m.def("rotate_halves", &rotate_halves, "x"_a, "cos"_a, "sin"_a);
 }

@@ -70,6 +70,19 @@ def test_the_kernel_computes_causal_slice_attention(shape, kernel):
         np.abs(np.array(out) - truth).max()
 
 
+@pytest.mark.parametrize("scale", [0.17, 32 ** -0.5, 128 ** -0.5, 1 / 3])
+def test_the_kernels_scale_their_queries_as_mlxs_product_does(kernel, rows_kernel, scale):
+    # attend hands the kernels the queries unscaled, and the scale: their outputs must be what
+    # they compute from queries MLX scaled (the ops' way, and mlx-lm's), bit for bit.
+    q, k, v = inputs(2, 2, 2, 6, 200, seed=5)
+    scaled = mx.array(scale, mx.float32) * q
+    assert mx.array_equal(kernel(q, k, v, 6, scale), kernel(scaled, k, v, 6)).item()
+    rows, starts = q[:, :, :2], mx.array([0, 37])  # two decode rows, two heads a key head
+    assert mx.array_equal(rows_kernel(rows, k, v, starts, scale),
+                          rows_kernel(scaled[:, :, :2], k, v, starts)).item()
+    assert not mx.array_equal(kernel(q, k, v, 6, scale), kernel(q, k, v, 6)).item()
+
+
 def test_keys_whose_last_axis_is_not_contiguous_are_read_right(kernel):
     q, k, v = inputs(1, 2, 2, 6, 200, seed=3)
     k_t = mx.contiguous(k.swapaxes(-1, -2)).swapaxes(-1, -2)  # strides (..., 1, keys)
@@ -205,9 +218,9 @@ def test_a_left_padded_decode_batch_attends_through_the_rows_kernel_as_through_t
     q = mx.random.normal((3, 4, 1, 32))
     starts = []
 
-    def recorded(queries, k, v, first):  # the kernel itself, its rows' first keys noted
+    def recorded(queries, k, v, first, scale):  # the kernel itself, its rows' first keys noted
         starts.append(first.tolist())
-        return rows_kernel(queries, k, v, first)
+        return rows_kernel(queries, k, v, first, scale)
 
     monkeypatch.setattr(native, "rows_attention", lambda: recorded)
     with_kernel = attend(q, keys, values, batch, 0.17, mask)
@@ -259,6 +272,11 @@ def test_the_activation_kernel_reads_views_in_their_order(swiglu_kernel):
     gate, up = mx.random.normal((40, 24)), mx.random.normal((24, 40))
     out = swiglu_kernel(gate.T, up)  # a transposed view: its elements in row order
     np.testing.assert_allclose(np.array(out), float64_swiglu(gate.T, up), rtol=2e-6)
+    row = mx.broadcast_to(up[:1, :], (24, 40))  # a broadcast: every row the same
+    np.testing.assert_allclose(np.array(swiglu_kernel(up, row)), float64_swiglu(up, row),
+                               rtol=2e-6)
+    np.testing.assert_allclose(np.array(swiglu_kernel(gate[::2, ::3], up[:20, :8])),
+                               float64_swiglu(gate[::2, ::3], up[:20, :8]), rtol=2e-6)
 
 
 def test_the_activation_kernel_refuses_what_it_cannot_compute(swiglu_kernel):
