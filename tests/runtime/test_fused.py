@@ -212,6 +212,26 @@ def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset, mo
     assert not table.serves(nn.RoPE(ROPES[rope]["dims"], traditional=True, base=1.0), dtype)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_with_its_weights_view_held_computes_the_linears_own_product(bias):
+    from mlx.utils import tree_flatten
+
+    from runtime.fused import _linear
+    linear = nn.Linear(48, 40, bias=bias)
+    names = [name for name, _ in tree_flatten(linear.parameters())]
+    for rows in (1, 5, 64):  # a decode row, a few, a slice: BLAS's paths differ
+        x = mx.random.normal((rows, 48), key=mx.random.key(rows))
+        assert mx.array_equal(_linear(linear, x), linear(x)).item()
+    # The held view is no parameter; a replaced weight is read, not the view of the old one.
+    assert [name for name, _ in tree_flatten(linear.parameters())] == names
+    linear.weight = mx.random.normal((40, 48), key=mx.random.key(9))
+    x = mx.random.normal((3, 48), key=mx.random.key(3))
+    assert mx.array_equal(_linear(linear, x), linear(x)).item()
+    quantized = nn.QuantizedLinear(64, 32, bias=bias)  # not a plain Linear: its own call
+    x = mx.random.normal((2, 64), key=mx.random.key(4))
+    assert mx.array_equal(_linear(quantized, x), quantized(x)).item()
+
+
 def test_a_forward_reads_its_rope_angles_off_one_table_not_in_every_layer(monkeypatch):
     from runtime import fused
     monkeypatch.setattr(fused, "_POSITIONS", {})
@@ -233,6 +253,11 @@ def test_a_forward_reads_its_rope_angles_off_one_table_not_in_every_layer(monkey
     assert rope_calls(forward_fused) == 1  # the table of positions, for every segment
     assert rope_calls(forward_fused) == 0  # ... held for the next forward
     assert rope_calls(forward_apart) == 2 * 2 * num_layers  # queries and keys, every layer
+    # Prepared for a context (as an Executor prepares its model's), a forward computes none.
+    monkeypatch.setattr(fused, "_POSITIONS", {})
+    fused.prepare(model, 4096 * 3)
+    assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [4096 * 3]
+    assert rope_calls(forward_fused) == 0
 
 
 def test_a_tick_splits_its_slices_heads_and_spreads_its_rows_over_two_streams(monkeypatch):
