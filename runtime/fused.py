@@ -203,14 +203,14 @@ def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.arra
     # the current stream; with a stream in `more`, the second half of its heads there.
     rows, length = segment.tokens.shape
     cache = segment.cache[layer]
-    keys = keys.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    values = values.reshape(rows, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    keys, values = _heads(keys, rows, length, attn.n_kv_heads), \
+        _heads(values, rows, length, attn.n_kv_heads)
     offset = cache.offset
     keys = table.apply(keys) if table is not None else attn.rope(keys, offset=offset)
     keys, values = cache.update_and_fetch(keys, values)
     if queries is None:
         return None
-    queries = queries.reshape(rows, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
+    queries = _heads(queries, rows, length, attn.n_heads)
     queries = table.apply(queries) if table is not None else attn.rope(queries, offset=offset)
     if more and attn.n_kv_heads > 1:
         # Each query head attends its own key head's keys alone: two halves of the heads are
@@ -227,7 +227,19 @@ def _attend(attn: Any, segment: Segment, layer: int, mask: Any, queries: mx.arra
         out = attend(queries, keys, values, cache, attn.scale, mask)
     else:
         out = _attend_grouped(queries, keys, values, cache, attn.scale, mask, groups)
+    if length == 1:  # (rows, heads, 1, dims) is already in the order of (rows, 1, heads, dims)
+        return out.reshape(rows, -1)
     return out.transpose(0, 2, 1, 3).reshape(rows * length, -1)
+
+
+def _heads(x: mx.array, rows: int, length: int, heads: int) -> mx.array:
+    # A segment's projection (rows * length, heads * dims) as (rows, heads, length, dims), as
+    # mlx-lm's Attention lays it out (a reshape and a transpose). With one token a row (decode
+    # rows) the transpose moves nothing, so a reshape alone: the same elements in the same
+    # order, one op fewer.
+    if length == 1:
+        return x.reshape(rows, heads, 1, -1)
+    return x.reshape(rows, length, heads, -1).transpose(0, 2, 1, 3)
 
 
 @dataclass(frozen=True)
