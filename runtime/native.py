@@ -5,7 +5,7 @@ On MLX's CPU a prompt slice's attention is ~15 ops per key head (two products fo
 their maxima, the exponentials, the sums, two products for the values: runtime/attention.py),
 each dispatched on its own and each a pass over a (keys x slice) block of scores, which at a
 long context outgrows the caches: a 512-token chunk at 9,000 keys writes and reads ~37 MB of
-scores a head. `slice_attention.cpp` computes the same attention in one primitive, key block by
+scores a head. `native_kernels.cpp` computes the same attention in one primitive, key block by
 key block with a running maximum (the online softmax of FlashAttention): the scores of 64 keys
 stay in registers and the first level cache, the exponential is runtime/attention.py's
 polynomial (its error against float64 is held to the ops' tolerance: tests/runtime/
@@ -65,7 +65,7 @@ from runtime.cachedir import default_cache_dir
 
 KERNEL_ENV = "FAIRTICK_ATTENTION_KERNEL"
 KERNEL_SETTINGS = ("auto", "off")
-SOURCE = Path(__file__).with_name("slice_attention.cpp")
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
 MODULE = "_fairtick_native"
 # MLX's Python module registers its array type in nanobind's domain "mlx"; an extension that
 # takes MLX arrays must share it.
@@ -73,7 +73,9 @@ _NB_DOMAIN = "mlx"
 _FLAGS = ["-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden",
           "-DNDEBUG", f"-DNB_DOMAIN={_NB_DOMAIN}"]
 
-_BUILD_PREFIX = "slice-attention-"
+_BUILD_PREFIX = "native-kernels-"
+# Builds named before the source held more than a slice's attention: pruned alike.
+_OLD_BUILD_PREFIXES = ("slice-attention-",)
 _UNUSED_BUILD_S = 30 * 24 * 3600.0  # a build no process loaded for this long is deleted
 
 _lock = threading.Lock()
@@ -233,10 +235,11 @@ def _prune_builds(kept: Path, unused_s: float = _UNUSED_BUILD_S) -> None:
     MLX, nanobind or compiler change makes a new one; a cache shared by several checkouts or
     CPUs keeps each one's in use)."""
     now = time.time()
-    for old in kept.parent.glob(f"{_BUILD_PREFIX}*{kept.suffix}"):
-        with contextlib.suppress(OSError):
-            if old != kept and now - old.stat().st_mtime > unused_s:
-                old.unlink()
+    for prefix in (_BUILD_PREFIX, *_OLD_BUILD_PREFIXES):
+        for old in kept.parent.glob(f"{prefix}*{kept.suffix}"):
+            with contextlib.suppress(OSError):
+                if old != kept and now - old.stat().st_mtime > unused_s:
+                    old.unlink()
 
 
 def _version(package: str) -> str:

@@ -1,4 +1,5 @@
-"""The slice-attention kernel (runtime/native.py) against attention in float64, and its fallbacks.
+"""fairtick's native kernels (runtime/native.py): the slice-attention kernel against attention in
+float64, and its fallbacks.
 
 The kernel must compute a causal slice's attention against its cache: every query sees every
 cached key and its own slice's keys up to its position, for any cache length (none, less than
@@ -135,22 +136,27 @@ def test_a_failed_build_is_said_and_attention_still_runs(tmp_path):
             "mx.ones((1, 2, 9, 32)), None, 0.17, 'causal'); "
             "print(native.reason()); print(mx.allclose(out, mx.ones_like(out)).item())")
     reason, same = run_fresh(env, code).splitlines()
-    assert reason.startswith("building slice_attention.cpp failed"), reason
+    assert reason.startswith("building native_kernels.cpp failed"), reason
     assert same == "True"
-    assert not list(tmp_path.glob("slice-attention-*"))  # nothing half-built left
+    assert not list(tmp_path.glob("native-kernels-*"))  # nothing half-built left
 
 
 def test_a_new_build_deletes_the_builds_no_process_loaded_for_30_days(tmp_path):
     day = 24 * 3600
-    kept = tmp_path / "slice-attention-new.so"
-    stale, recent = tmp_path / "slice-attention-old.so", tmp_path / "slice-attention-other.so"
+    kept = tmp_path / "native-kernels-new.so"
+    stale, recent = tmp_path / "native-kernels-old.so", tmp_path / "native-kernels-other.so"
+    # Builds named before the source held more than a slice's attention are pruned alike.
+    renamed, renamed_recent = tmp_path / "slice-attention-old.so", \
+        tmp_path / "slice-attention-other.so"
     unrelated = tmp_path / "builtin-llama-0123.so"  # not a kernel build
-    for path, age_days in ((kept, 0), (stale, 31), (recent, 29), (unrelated, 400)):
+    for path, age_days in ((kept, 0), (stale, 31), (recent, 29), (renamed, 31),
+                           (renamed_recent, 29), (unrelated, 400)):
         path.write_bytes(b"")
         os.utime(path, (time.time() - age_days * day,) * 2)
     native._prune_builds(kept)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "builtin-llama-0123.so", "slice-attention-new.so", "slice-attention-other.so"]
+        "builtin-llama-0123.so", "native-kernels-new.so", "native-kernels-other.so",
+        "slice-attention-other.so"]
 
 
 def test_shapes_that_are_no_slice_are_refused(kernel):

@@ -1,5 +1,6 @@
-// A prompt slice's attention against its cache, as one MLX primitive on the CPU
-// (runtime/native.py builds and loads it; runtime/attention.py `attend` calls it).
+// fairtick's native CPU kernels, each one MLX primitive (runtime/native.py builds and loads
+// them): a prompt slice's attention against its cache and the decode rows' (runtime/attention.py
+// `attend` calls them), the MLP's activation and the rope's rotation (runtime/fused.py).
 //
 // slice_attention(queries, keys, values, length, scale): queries (B, H, group * length, D),
 // each multiplied by `scale` as it is read (one product, rounded as MLX's own scaling of the
