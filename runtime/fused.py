@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import mlx.core as mx
@@ -129,27 +130,28 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
     last = len(inner.layers) - 1
     early = mx.default_device() == mx.cpu
     places = attention_streams(segments)
+    # Where each segment's tokens end among all (the last's end left out): one split of a
+    # projection into every segment's part, not a slice for each.
+    cuts = list(accumulate(s.num_tokens for s in segments))[:-1]
     for i, layer in enumerate(inner.layers):
         x = rms_norm(layer.input_layernorm, h)
         attn = layer.self_attn
-        queries, keys, values = _linear(attn.q_proj, x), _linear(attn.k_proj, x), \
-            _linear(attn.v_proj, x)
+        queries, keys, values = (_parts(_linear(proj, x), cuts)
+                                 for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         if i == 0:  # every layer's positions are the first's
-            tables = [RopeTable.of(attn.rope, s, keys.dtype) for s in segments]
-        outputs, start = [], 0
-        for segment, mask, rows, table, place in zip(segments, masks, groups, tables, places,
-                                                     strict=True):
-            end = start + segment.num_tokens
+            tables = [RopeTable.of(attn.rope, s, keys[0].dtype) for s in segments]
+        outputs = []
+        for k, (segment, mask, rows, table, place) in enumerate(
+                zip(segments, masks, groups, tables, places, strict=True)):
             # The last layer's output matters only at the rows whose logits are wanted.
             need = i < last or segment.logits
             with mx.stream(place[0]):
-                out = _attend(attn, segment, i, mask, queries[start:end] if need else None,
-                              keys[start:end], values[start:end], rows,
-                              table if table is not None and table.serves(attn.rope, keys.dtype)
-                              else None, place[1:])
+                out = _attend(attn, segment, i, mask, queries[k] if need else None,
+                              keys[k], values[k], rows,
+                              table if table is not None and
+                              table.serves(attn.rope, keys[k].dtype) else None, place[1:])
             if out is not None:
                 outputs.append(out)
-            start = end
         if i == last:
             if wanted is None:
                 return None
@@ -454,6 +456,11 @@ def _linear(linear: Any, x: mx.array) -> mx.array:
     if "bias" in linear:
         return mx.addmm(linear["bias"], x, held[1])
     return x @ held[1]
+
+
+def _parts(x: mx.array, cuts: list[int]) -> list[mx.array]:
+    # `x`'s rows split at `cuts`: one op for all the parts (none for one part).
+    return mx.split(x, cuts, axis=0) if cuts else [x]
 
 
 def _concat(parts: list[mx.array]) -> mx.array:
