@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from sanic import Request, Sanic
-from sanic.exceptions import RequestTimeout, SanicException
+from sanic.exceptions import PayloadTooLarge, RequestTimeout, SanicException
 from sanic.response import JSONResponse, json
 
 from server.access import install_access
@@ -169,6 +169,14 @@ class TimedRequest(Request):
     the connection for it. On time-out: 408, and the connection closes (its body unread)."""
 
     async def receive_body(self) -> None:
+        http = self.stream
+        declared = self.headers.get("content-length", "")
+        if http is not None and getattr(http, "expecting_continue", False) and \
+                declared.isdigit() and int(declared) > self.app.config.REQUEST_MAX_SIZE:
+            # The client waits for "100 Continue" before it sends the body: a body declared
+            # over the limit is refused now (RFC 9110 10.1.1), not after it was sent whole.
+            http.expecting_continue, http.keep_alive, http.request_body = False, False, None
+            raise PayloadTooLarge("Request body exceeds the size limit")
         timeout_s = self.app.config.REQUEST_TIMEOUT
         try:
             await asyncio.wait_for(super().receive_body(), timeout_s)

@@ -416,6 +416,36 @@ def test_body_over_the_server_limit_is_413_json(served):
     assert reply.error()["message"].endswith("the limit is 4096 bytes (--max-body-bytes)")
 
 
+def test_a_body_declared_over_the_limit_with_expect_100_continue_is_413_before_it_is_sent(
+        served):
+    # The client waits for "100 Continue" before sending its body: a body declared over the
+    # limit gets 413 at once (it was "100 Continue", then 413 once the whole body was sent).
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nExpect: 100-continue\r\nContent-Length: 9000"
+                     b"\r\n\r\n")  # and no body
+        data = b""
+        while chunk := sock.recv(65536):  # to the connection's end: it closes
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    error = json.loads(body)["error"]
+    assert error["message"].endswith("the limit is 4096 bytes (--max-body-bytes)")
+    # Within the limit, "100 Continue" and then the body, as before.
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        body = b'{"prompt": "hi", "max_tokens": 1}'
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nExpect: 100-continue\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+
+
 def test_health(served, bundle):
     body = get(served.url, "/health").json()
     assert body == {"status": "ok", "model": bundle.name, "policy": served.engine.policy.name}
