@@ -330,17 +330,21 @@ def _rope_angles(rope: Any, dtype: mx.Dtype, shape: tuple[int, int, int, int],
 # rope computes them at offset 0. A position's are the same at any offset and in a segment of
 # any length (the fallback's angle is the position, an integer exact in float32, times each
 # frequency: tests/runtime/test_fused.py checks them bit for bit), so a segment's rows are
-# read off it. `prepare` makes them as long as the model's context when an Executor is made
-# (4 MiB for the built-in model's 32,768 positions, 64 MiB for a head dimension of 128 at
-# 131,072); one a segment reaches past grows by doubling (at least 4,096 positions). On the
-# engine thread only.
+# read off it. `prepare` makes them as long as the model's context (at most 131,072
+# positions) when an Executor is made (4 MiB for the built-in model's 32,768 positions, 64 MiB
+# for a head dimension of 128 at 131,072); one a segment reaches past grows by doubling (at
+# least 4,096 positions). On the engine thread only.
 _POSITIONS: dict[tuple[int, bool, float, float, mx.Dtype], tuple[mx.array, mx.array]] = {}
 _MIN_POSITIONS = 4096
+_PREPARED_POSITIONS = 131072
 
 
 def prepare(model: Any, context_length: int) -> None:
-    """Compute the rope tables of `model` (one that passes `can_fuse`) for all its context at
-    once, so their memory is held from start-up, not grown while requests run."""
+    """Compute the rope tables of `model` (one that passes `can_fuse`) for its context at once
+    (up to `_PREPARED_POSITIONS`), so their memory is held from start-up, not grown while
+    requests run; a segment past them grows them (a million-token context's table would be
+    ~0.5 GiB at a head dimension of 128, held for the one request that goes that far)."""
+    context_length = min(context_length, _PREPARED_POSITIONS)
     inner = model.model
     dtype = inner.embed_tokens(mx.array([0])).dtype  # the activations', as forward_fused's
     if mx.default_device() != mx.cpu:
