@@ -265,7 +265,7 @@ class RopeTable:
         offsets on the host (no `_idx`): then the rope computes it for the segment alone."""
         if type(rope) is not nn.RoPE or mx.default_device() != mx.cpu:
             return None
-        key = (rope.dims, rope.traditional, rope.base, rope.scale, dtype)
+        key = _rope_key(rope, dtype)
         rows, length = segment.tokens.shape
         cache = segment.cache[0]
         offset = cache.offset
@@ -286,8 +286,7 @@ class RopeTable:
 
     def serves(self, rope: Any, dtype: mx.Dtype) -> bool:
         """Whether the table is what `rope` computes for arrays of `dtype`."""
-        return type(rope) is nn.RoPE and \
-            (rope.dims, rope.traditional, rope.base, rope.scale, dtype) == self.key
+        return type(rope) is nn.RoPE and _rope_key(rope, dtype) == self.key
 
     def apply(self, x: mx.array) -> mx.array:
         """What the rope returns for `x` (rows, heads, length, head dims): the fallback's ops
@@ -308,6 +307,11 @@ class RopeTable:
             out = out.reshape(*x.shape[:-1], dims)
             return mx.concatenate([out, *rest], axis=-1) if rest else out
         return mx.concatenate([first, second, *rest], axis=-1)
+
+
+def _rope_key(rope: Any, dtype: mx.Dtype) -> tuple[int, bool, float, float, mx.Dtype]:
+    # What makes a rope's angles on arrays of `dtype`: RopeTable's and `_POSITIONS`' key.
+    return rope.dims, rope.traditional, rope.base, rope.scale, dtype
 
 
 def _rope_angles(rope: Any, dtype: mx.Dtype, shape: tuple[int, int, int, int],
@@ -344,16 +348,14 @@ def prepare(model: Any, context_length: int) -> None:
     (up to `_PREPARED_POSITIONS`), so their memory is held from start-up, not grown while
     requests run; a segment past them grows them (a million-token context's table would be
     ~0.5 GiB at a head dimension of 128, held for the one request that goes that far)."""
-    context_length = min(context_length, _PREPARED_POSITIONS)
+    if mx.default_device() != mx.cpu:
+        return  # RopeTable serves the CPU only
     inner = model.model
     dtype = inner.embed_tokens(mx.array([0])).dtype  # the activations', as forward_fused's
-    if mx.default_device() != mx.cpu:
-        return
     for layer in inner.layers:
         rope = layer.self_attn.rope
         if type(rope) is nn.RoPE:
-            _positions(rope, (rope.dims, rope.traditional, rope.base, rope.scale, dtype),
-                       context_length)
+            _positions(rope, _rope_key(rope, dtype), min(context_length, _PREPARED_POSITIONS))
 
 
 def _positions(rope: Any, key: tuple[int, bool, float, float, mx.Dtype],
