@@ -151,7 +151,7 @@ def _choice(index: int, text: str, last: TokenEvent, valid: ValidRequest,
     if valid.tools is None:
         return fmt.Choice(index, text, last.finish_reason, logprobs)
     choice = valid.tools.choice
-    if choice.mode in ("required", "function"):  # calls only, one cut short included
+    if choice.forced:  # calls only, one cut short included
         calls = parse_forced_calls(text, valid.tools.names, choice)
         return fmt.Choice(index, None, last.finish_reason, logprobs, tuple(calls))
     content, calls = parse_tool_calls(text, valid.tools.names)
@@ -177,9 +177,9 @@ async def _relay_sse(
                  **ignored_header(list(valid.ignored))},
     )
     await response.send("", end_stream=False)  # the headers, now: the request is accepted
-    # A forced choice ("required" or a named function) writes calls only.
-    forced = valid.tools.choice if valid.tools is not None and \
-        valid.tools.choice.mode in ("required", "function") else None
+    # A forced choice writes calls only.
+    forced = valid.tools.choice if valid.tools is not None and valid.tools.choice.forced \
+        else None
     if header.kind == "chat":
         for index in range(stream.num_choices):
             await response.send(fmt.sse(fmt.chunk(header, None, None, index,

@@ -41,7 +41,7 @@ def check_grammar_fields(response_format: ResponseFormat | None, tools: ToolRequ
     if response_format is not None and tools is not None:
         raise invalid("`response_format` cannot be combined with `tools` unless `tool_choice` "
                       "is \"none\"", "response_format")
-    forced = tools is not None and tools.choice.mode in ("required", "function")
+    forced = tools is not None and tools.choice.forced
     if response_format is None and not forced:
         return
     for name, value in (("min_tokens", min_tokens), ("ignore_eos", ignore_eos)):

@@ -55,6 +55,12 @@ class ToolChoice:
     mode: ChoiceMode
     name: str | None = None
 
+    @property
+    def forced(self) -> bool:
+        """Whether the output must be calls ("required" or a named function): a grammar
+        enforces them (`compile_tool_calls`), and the output is calls only."""
+        return self.mode in ("required", "function")
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -122,7 +128,7 @@ def compile_tool_calls(compiler: GrammarCompiler, functions: list[Function], cho
     `tools[i].function.parameters` when a function's parameters cannot be enforced."""
     for i, function in enumerate(functions):
         compiler.check_schema(function.parameters, f"tools[{i}].function.parameters")
-    if choice.mode in ("auto", "none"):
+    if not choice.forced:
         return None
     return compiler.compile_lark(tool_call_lark(functions, choice, parallel), "tools",
                                  "tool_calls")
