@@ -6,7 +6,10 @@ its ops' count (each is built on the engine thread and run by MLX's worker for a
 microseconds), so runtime/fused.py runs fewer:
 
 - `rms_norm`: the fallback's ops under `mx.compile`, which fuses its elementwise tail (scale
-  by the mean, add eps, rsqrt, two products) into one kernel: 4 ops.
+  by the mean, add eps, rsqrt, two products) into one kernel: 4 ops; in float32, where
+  fairtick's native kernels are had (runtime/native.py), 1 op that computes the same floats in
+  the same order (the squares summed one at a time from 0, as MLX's CPU reduction sums them
+  on x86-64), bit for bit (tests/runtime/test_kernels.py): 27 of a 4-row decode step's 150 ops.
 - `rotate`: the rotation a rope applies once it has its cosines and sines (fused.py's
   `RopeTable` reads those off the rope once per forward): the fallback's four products and two
   sums as one kernel per output (2 ops for 6, and their broadcasts).
@@ -27,7 +30,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from runtime import attention
+from runtime import attention, native
 
 
 def _rms_norm(x: mx.array, weight: mx.array, eps: mx.array) -> mx.array:
@@ -57,6 +60,9 @@ def rms_norm(norm: Any, x: mx.array) -> mx.array:
     if not attention.FAST_SOFTMAX or type(norm) is not nn.RMSNorm:
         return norm(x)
     weight = norm.weight
+    kernel = native.rms_norm()
+    if kernel is not None and x.dtype == weight.dtype == mx.float32:
+        return kernel(x, weight, norm.eps)  # one op for the compiled form's four, bit for bit
     out_type = mx.result_type(x, weight)
     return _compiled_rms_norm(x, weight.astype(out_type), _eps(norm.eps))
 

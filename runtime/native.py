@@ -114,6 +114,12 @@ def rotate_halves() -> Any | None:
     return _kernel("rotate_halves")
 
 
+def rms_norm() -> Any | None:
+    """An RMSNorm (`f(x, weight, eps)`, float32, bit for bit as MLX's fallback computes it),
+    where the slice kernel is had; else None."""
+    return _kernel("rms_norm")
+
+
 def _kernel(name: str) -> Any | None:
     # The extension's function `name`; None where the extension cannot be had.
     module = _module()

@@ -542,6 +542,64 @@ mx::array rotate_halves(const mx::array& x, const mx::array& cos, const mx::arra
   return mx::array(x.shape(), mx::float32, std::make_shared<RotateHalves>(s), {x, cos, sin});
 }
 
+// An RMSNorm's row as MLX's CPU fallback computes it (mlx/fast.cpp, and runtime/kernels.py's
+// compiled form): the squares' sum in order from 0 (MLX's CPU reduction, one float at a time
+// where its vectors are one wide, as on x86-64), times 1/n as MLX's mean rounds it, plus eps,
+// 1 / sqrt of that, then (x * it) * weight; each product and sum rounded alone, as MLX's kernels
+// (built for the default x86-64 target, no FMA) round them.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void rms_norm_row(const float* x, const float* w, int64_t w_step, int n, float inv_n, float eps,
+                  float* out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float square = x[i] * x[i];
+    sum = sum + square;
+  }
+  const float r = 1.0f / std::sqrt(sum * inv_n + eps);
+  for (int i = 0; i < n; ++i) out[i] = (x[i] * r) * w[i * w_step];
+}
+#pragma GCC pop_options
+
+class RmsNorm : public CpuPrimitive {
+ public:
+  RmsNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    queue(inputs, out, [eps = eps_](const std::vector<mx::array>& in, mx::array& out) {
+      std::vector<float> x_copy;
+      const float* x = row_major(in[0], x_copy);
+      const mx::array& w = in[1];
+      const int n = in[0].shape(-1);
+      const int64_t rows = n == 0 ? 0 : in[0].size() / n;
+      // MLX's mean: the sum times its number_of_elements, inverted in double, as a float.
+      const float inv_n = static_cast<float>(1.0 / n);
+      float* o = out.data<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        rms_norm_row(x + r * n, w.data<float>(), w.strides(0), n, inv_n, eps, o + r * n);
+    });
+  }
+  const char* name() const override { return "RmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const RmsNorm&>(other).eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
+  auto s = mx::to_stream({});
+  if (x.dtype() != mx::float32 || weight.dtype() != mx::float32)
+    throw std::invalid_argument("rms_norm: float32 only");
+  if (x.ndim() < 1 || weight.ndim() != 1 || weight.shape(0) != x.shape(-1))
+    throw std::invalid_argument("rms_norm: x (..., D) and weight (D,)");
+  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {x, weight});
+}
+
 }  // namespace
 
 NB_MODULE(_fairtick_native, m) {
@@ -551,4 +609,5 @@ NB_MODULE(_fairtick_native, m) {
         "scale"_a = 1.0f);
   m.def("swiglu", &swiglu, "gate"_a, "up"_a);
   m.def("rotate_halves", &rotate_halves, "x"_a, "cos"_a, "sin"_a);
+  m.def("rms_norm", &rms_norm, "x"_a, "weight"_a, "eps"_a);
 }
