@@ -1,5 +1,5 @@
 """A prompt slice's attention as one MLX primitive, built from C++ on the machine that runs it
-(with the decode rows' attention, the MLP's activation and the rope's rotation).
+(with the decode rows' attention, the MLP's activation, the rope's rotation and RMSNorm).
 
 On MLX's CPU a prompt slice's attention is ~15 ops per key head (two products for the scores,
 their maxima, the exponentials, the sums, two products for the values: runtime/attention.py),
@@ -31,6 +31,11 @@ sines, `runtime/fused.py` `RopeTable`), one op where MLX's fallback is six, each
 rounded alone as the fallback rounds them (the compiler may not contract them into FMAs there),
 so bit for bit: a 4-row decode step's forward 0.95-0.98x, with a 1-token slice 0.88-0.97x.
 
+And an RMSNorm in float32 (`rms_norm`), the floats MLX's fallback computes in its order (the
+squares summed one at a time from 0, as MLX's CPU reduction sums them where its vectors are
+one float wide, as on x86-64; the tail rounded product by product), so bit for bit: one op for
+the compiled fallback's four (runtime/kernels.py), nine times a 4-layer step.
+
 It is an MLX extension (a C++ `Primitive` whose `eval_cpu` queues the work on the stream, as
 MLX's own ops do), compiled with `g++ -O3 -march=native` against the installed MLX's headers
 and library and nanobind's sources (the `nanobind` package, whose version must share its
@@ -38,8 +43,8 @@ internals with the one MLX was built with: a probe call at load checks it), once
 into the cache directory (~10 s), named by everything it is built from (a new build deletes
 the ones no process has loaded for 30 days). Where it cannot be had (no g++, a failed build, a
 nanobind MLX does not share, not the CPU, $FAIRTICK_SOFTMAX=exact, or
-$FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention, the activation and the
-rotation run MLX's ops.
+$FAIRTICK_ATTENTION_KERNEL=off), `reason()` says why and attention, the activation, the
+rotation and the norms run MLX's ops.
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ def serve_main(argv: Sequence[str]) -> int:
 
     kernel_reason = native.reason()
     log.info("native kernels: %s", "fairtick's, for prompt slices' and decode rows' attention, "
-             f"the MLP's activation and the rope's rotation (${native.KERNEL_ENV}=off for "
-             "MLX's ops)"
+             f"the MLP's activation, the rope's rotation and RMSNorm (${native.KERNEL_ENV}=off "
+             "for MLX's ops)"
              if kernel_reason is None else f"MLX's ops ({kernel_reason})")
     from runtime.attention import ATTENTION_STREAMS, STREAMS_ENV
 
