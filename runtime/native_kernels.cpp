@@ -1,6 +1,7 @@
 // fairtick's native CPU kernels, each one MLX primitive (runtime/native.py builds and loads
 // them): a prompt slice's attention against its cache and the decode rows' (runtime/attention.py
-// `attend` calls them), the MLP's activation and the rope's rotation (runtime/fused.py).
+// `attend` calls them), the MLP's activation and the rope's rotation (runtime/fused.py), and
+// RMSNorm (runtime/kernels.py).
 //
 // slice_attention(queries, keys, values, length, scale): queries (B, H, group * length, D),
 // each multiplied by `scale` as it is read (one product, rounded as MLX's own scaling of the
@@ -21,6 +22,9 @@
 // rotate_halves(x, cos, sin): a rope's rotation of x (B, H, L, D) by its angles' cosines and sines
 // (B or 1, 1, L, D / 2), the pairs (x[i], x[i + D/2]), each product and sum rounded on its own
 // as MLX's fallback rounds them: one op where the fallback's rotation is six.
+//
+// rms_norm(x, weight, eps): an RMSNorm of float32 rows, the floats MLX's fallback computes in its
+// order (`rms_norm_row`), one op where the compiled fallback is four.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
