@@ -158,13 +158,17 @@ def _scipy_openblas_path() -> Path:
 
 
 def _mlx_library() -> Path:
+    # `mlx` is a namespace package: any directory named mlx on sys.path before the installed
+    # one (a checkout of MLX's sources in the working directory) is a part of it too. The
+    # library is the first part's that holds one, beside the `mlx.core` that will be imported.
     spec = importlib.util.find_spec("mlx")
     if spec is None or not spec.submodule_search_locations:
         raise BlasUnavailable("mlx is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libmlx.so"
-    if not path.is_file():
-        raise BlasUnavailable(f"{path} not found")
-    return path
+    places = [Path(p) / "lib" / "libmlx.so" for p in spec.submodule_search_locations]
+    for path in places:
+        if path.is_file():
+            return path
+    raise BlasUnavailable(f"libmlx.so not found in {', '.join(str(p.parent) for p in places)}")
 
 
 def _dynamic_symbols(path: Path, undefined: bool) -> set[str]:

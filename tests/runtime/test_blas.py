@@ -69,6 +69,17 @@ def test_the_test_process_itself_runs_on_the_optimized_blas():
     assert str(info.library) in Path("/proc/self/maps").read_text()
 
 
+def test_a_directory_named_mlx_before_the_installed_one_changes_nothing(tmp_path):
+    # `mlx` is a namespace package: a directory of that name earlier on sys.path (a checkout
+    # of MLX's sources) joins it, and libmlx is not in it.
+    plain, _ = run_report(tmp_path / "plain", "auto")
+    library = optimized_or_skip(plain)
+    (tmp_path / "shadow" / "mlx").mkdir(parents=True)
+    report, bound = run_report(tmp_path, "auto", PYTHONPATH=str(tmp_path / "shadow"))
+    assert report["library"] == library and report["mapped"], report
+    assert bound == [report["preload"]], (bound, report)
+
+
 def test_reference_keeps_the_bundled_blas(tmp_path):
     report, bound = run_report(tmp_path, "reference")
     assert report["library"] is None and BLAS_ENV in str(report["reason"])
