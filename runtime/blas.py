@@ -157,18 +157,26 @@ def _scipy_openblas_path() -> Path:
     return found[0]
 
 
-def _mlx_library() -> Path:
-    # `mlx` is a namespace package: any directory named mlx on sys.path before the installed
-    # one (a checkout of MLX's sources in the working directory) is a part of it too. The
-    # library is the first part's that holds one, beside the `mlx.core` that will be imported.
+def installed_mlx() -> Path | str:
+    """The directory of the installed MLX package (its lib/libmlx.so, include/), found without
+    importing MLX; else why not. `mlx` is a namespace package: any directory named mlx on
+    sys.path before the installed one (a checkout of MLX's sources in the working directory)
+    is a part of it too, so it is the first part that holds the library."""
     spec = importlib.util.find_spec("mlx")
     if spec is None or not spec.submodule_search_locations:
-        raise BlasUnavailable("mlx is not installed")
-    places = [Path(p) / "lib" / "libmlx.so" for p in spec.submodule_search_locations]
-    for path in places:
-        if path.is_file():
-            return path
-    raise BlasUnavailable(f"libmlx.so not found in {', '.join(str(p.parent) for p in places)}")
+        return "mlx is not installed"
+    parts = [Path(p) for p in spec.submodule_search_locations]
+    for part in parts:
+        if (part / "lib" / "libmlx.so").is_file():
+            return part
+    return f"lib/libmlx.so not found in {', '.join(str(p) for p in parts)}"
+
+
+def _mlx_library() -> Path:
+    found = installed_mlx()
+    if isinstance(found, str):
+        raise BlasUnavailable(found)
+    return found / "lib" / "libmlx.so"
 
 
 def _dynamic_symbols(path: Path, undefined: bool) -> set[str]:

@@ -203,10 +203,13 @@ def _probe(module: ModuleType) -> None:
 
 def _built() -> Path:
     """The built extension in the cache, building it if missing."""
-    import mlx
     import nanobind
 
-    mlx_dir = Path(mlx.__path__[0])
+    from runtime.blas import installed_mlx
+
+    mlx_dir = installed_mlx()
+    if isinstance(mlx_dir, str):
+        raise _Unavailable(mlx_dir)
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:

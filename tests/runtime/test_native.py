@@ -128,6 +128,16 @@ def test_off_and_the_exact_softmax_turn_it_off_and_say_so():
     assert run_fresh(env, REASON).startswith("MLX's softmax runs ($FAIRTICK_SOFTMAX=exact)")
 
 
+def test_a_directory_named_mlx_before_the_installed_one_changes_nothing(tmp_path):
+    # `mlx` is a namespace package: a directory of that name earlier on sys.path (a checkout
+    # of MLX's sources) joins it. The kernels still build against the installed MLX (the same
+    # build as this process's, from the cache).
+    if native.reason() is not None:
+        pytest.skip(f"no native kernels here: {native.reason()}")
+    (tmp_path / "mlx").mkdir()
+    assert run_fresh({**os.environ, "PYTHONPATH": str(tmp_path)}, REASON) == "None"
+
+
 def test_a_failed_build_is_said_and_attention_still_runs(tmp_path):
     env = {**os.environ, "CXX": "false", "FAIRTICK_CACHE": str(tmp_path)}
     code = ("import runtime, mlx.core as mx; from runtime import native; "
