@@ -101,6 +101,7 @@ def chat_inputs(messages: list[dict[str, Any]], tools: ToolRequest | None,
     to a model whose template writes calls in a format fairtick does not read, or when an
     earlier call's arguments are not a JSON object (a template writes them as one)."""
     _check_arguments(messages)
+    _check_tool_turns(messages)
     how = tool_format(chat_template)
     if tools is not None and how is None:
         raise invalid("`tools` are not supported for this model: its chat template writes tool "
@@ -127,6 +128,27 @@ def _check_arguments(messages: list[dict[str, Any]]) -> None:
                 param = f"messages[{i}].tool_calls[{j}].function.arguments"
                 raise invalid(f"`{param}` must be a JSON object as a string, got "
                               f"{show(arguments)}", param)
+
+
+def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
+    # As OpenAI: a tool message answers one of the calls of the assistant message before it
+    # (tool messages between them answer its other calls).
+    asked: dict[str, Any] | None = None  # the assistant message the tool turns answer
+    for i, message in enumerate(messages):
+        if message["role"] != "tool":
+            asked = message if message.get("tool_calls") else None
+            at = i
+            continue
+        if asked is None:
+            raise invalid(f"`messages[{i}]` has role \"tool\" but does not follow an assistant "
+                          "message with `tool_calls`: a tool message answers one of its calls",
+                          f"messages[{i}].role")
+        ids = [call["id"] for call in asked["tool_calls"]]
+        if message["tool_call_id"] not in ids:
+            param = f"messages[{i}].tool_call_id"
+            raise invalid(f"`{param}` is {show(message['tool_call_id'])}, which is no call of "
+                          f"the assistant message it answers (messages[{at}]); its calls' ids: "
+                          f"{', '.join(show(x) for x in ids)}", param)
 
 
 def _tool_specs(tools: ToolRequest | None) -> list[dict[str, Any]] | None:

@@ -67,9 +67,16 @@ _MESSAGE = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user"]),
                            "content": _TEXT_CONTENT}, optional={"name": _text(1)}),
     st.fixed_dictionaries({"role": st.just("assistant"), "content": _TEXT_CONTENT | st.none()},
-                          optional={"name": _text(1), "tool_calls": st.just([])}),
+                          optional={"name": _text(1), "tool_calls": st.just([])}))
+# A tool message answers a call of the assistant message before it (as OpenAI requires).
+_ANSWERED_CALL = _text(1).flatmap(lambda call_id: st.tuples(
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
+                           "tool_calls": st.just([{"id": call_id, "type": "function", "function": {
+                               "name": "f", "arguments": "{}"}}])}),
     st.fixed_dictionaries({"role": st.just("tool"), "content": _TEXT_CONTENT,
-                           "tool_call_id": _text(1)}))
+                           "tool_call_id": st.just(call_id)})))
+_MESSAGES = st.lists(_MESSAGE.map(lambda m: [m]) | _ANSWERED_CALL.map(list), min_size=1,
+                     max_size=2).map(lambda turns: [m for turn in turns for m in turn])
 
 _COMMON: dict[str, st.SearchStrategy[Any]] = {
     "temperature": st.floats(0.0, 2.0), "top_p": st.floats(0.01, 1.0),
@@ -147,7 +154,7 @@ def valid_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     if chat and body.get("top_logprobs"):
         body["logprobs"] = True
     if chat:
-        body["messages"] = draw(st.lists(_MESSAGE, min_size=1, max_size=3))
+        body["messages"] = draw(_MESSAGES)
     else:
         body["prompt"] = draw(_PROMPTS)
     body["max_tokens"] = draw(st.integers(1, 4))

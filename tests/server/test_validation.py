@@ -465,6 +465,34 @@ def test_message_shapes():
                param="messages[0].content", match="must be a non-empty list, got 0 items")
 
 
+def test_a_tool_message_answers_a_call_of_the_assistant_message_before_it():
+    # As OpenAI: a tool message follows an assistant message with `tool_calls` (or another tool
+    # message answering it) and names one of its calls.
+    roomy = dataclasses.replace(limits(), context_length=4096)
+
+    def call(name):
+        return {"id": name, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    asked = {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]}
+    user = {"role": "user", "content": "hi"}
+
+    def tool(answers):
+        return {"role": "tool", "content": "42", "tool_call_id": answers}
+
+    for messages in ([user, asked, tool("a"), tool("b")], [user, asked, tool("b")],
+                     [asked, tool("a"), user, asked, tool("b"), tool("a")]):
+        assert validate_request("chat", {"messages": messages}, roomy, encoder()).prompt_tokens
+    for messages, at in (([user, tool("a")], 1), ([tool("a")], 0),
+                         ([asked, tool("a"), user, tool("b")], 3),
+                         ([{"role": "assistant", "content": "x"}, tool("a")], 1)):
+        expect(chat, messages=messages, param=f"messages[{at}].role",
+               match=f'`messages[{at}]` has role "tool" but does not follow an assistant '
+               "message with `tool_calls`")
+    expect(chat, messages=[user, asked, tool("a"), tool("z")], param="messages[3].tool_call_id",
+           match='`messages[3].tool_call_id` is "z", which is no call of the assistant message '
+           'it answers (messages[1]); its calls\' ids: "a", "b"')
+
+
 def test_content_parts_other_than_text_are_refused_naming_the_part():
     image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
     text = {"type": "text", "text": "look"}
@@ -491,9 +519,11 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
     ok = {"role": "assistant", "content": "x"}
     assert chat(messages=[{**ok, "name": "ann", "tool_calls": []}]).prompt_tokens == \
         chat(messages=[ok]).prompt_tokens
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    asked = {**ok, "tool_calls": [call]}
     tool = {"role": "tool", "content": "42", "tool_call_id": "c"}
     roomy = dataclasses.replace(limits(), context_length=4096)  # a tool turn renders long
-    assert validate_request("chat", {"messages": [ok, tool]}, roomy, encoder()).ignored == ()
+    assert validate_request("chat", {"messages": [asked, tool]}, roomy, encoder()).ignored == ()
     # OpenAI requires the id of the call a tool message answers.
     expect(chat, messages=[ok, {"role": "tool", "content": "42"}],
            param="messages[1].tool_call_id", match="`messages[1].tool_call_id` is required")
@@ -505,7 +535,6 @@ def test_message_name_tool_call_id_and_tool_calls_shapes():
                match="must be a list")
     expect(chat, messages=[{**ok, "tool_calls": [{"id": "c", "type": "function"}]}],
            param="messages[0].tool_calls[0].function", match="is required")
-    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     called = validate_request("chat", {"messages": [{"role": "assistant", "tool_calls": [call]}]},
                               roomy, encoder()).prompt_tokens
     assert '"name": "f", "arguments": {}' in encoder().decode(list(called)), "rendered"
