@@ -133,22 +133,20 @@ def _check_arguments(messages: list[dict[str, Any]]) -> None:
 def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
     # As OpenAI: a tool message answers one of the calls of the assistant message before it
     # (tool messages between them answer its other calls).
-    asked: dict[str, Any] | None = None  # the assistant message the tool turns answer
+    asked: tuple[int, list[str]] | None = None  # the assistant message answered: its index, ids
     for i, message in enumerate(messages):
         if message["role"] != "tool":
-            asked = message if message.get("tool_calls") else None
-            at = i
-            continue
-        if asked is None:
+            calls = message.get("tool_calls")
+            asked = (i, [call["id"] for call in calls]) if calls else None
+        elif asked is None:
             raise invalid(f"`messages[{i}]` has role \"tool\" but does not follow an assistant "
                           "message with `tool_calls`: a tool message answers one of its calls",
                           f"messages[{i}].role")
-        ids = [call["id"] for call in asked["tool_calls"]]
-        if message["tool_call_id"] not in ids:
+        elif message["tool_call_id"] not in asked[1]:
             param = f"messages[{i}].tool_call_id"
             raise invalid(f"`{param}` is {show(message['tool_call_id'])}, which is no call of "
-                          f"the assistant message it answers (messages[{at}]); its calls' ids: "
-                          f"{', '.join(show(x) for x in ids)}", param)
+                          f"the assistant message it answers (messages[{asked[0]}]); its calls' "
+                          f"ids: {', '.join(show(x) for x in asked[1])}", param)
 
 
 def _tool_specs(tools: ToolRequest | None) -> list[dict[str, Any]] | None:
