@@ -98,8 +98,9 @@ def chat_inputs(messages: list[dict[str, Any]], tools: ToolRequest | None,
                 chat_template: str | None) -> tuple[list[dict[str, Any]],
                                                     list[dict[str, Any]] | None]:
     """The messages and the tool list to render the prompt with; a 400 when tools are offered
-    to a model whose template writes calls in a format fairtick does not read, or when an
-    earlier call's arguments are not a JSON object (a template writes them as one)."""
+    to a model whose template writes calls in a format fairtick does not read, when an
+    earlier call's arguments are not a JSON object (a template writes them as one), or when a
+    tool message answers no call of the assistant message before it."""
     _check_arguments(messages)
     _check_tool_turns(messages)
     how = tool_format(chat_template)
