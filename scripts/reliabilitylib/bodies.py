@@ -3,8 +3,9 @@
 `fuzzed_bodies()` draws a body this server accepts (every field from its documented shape,
 restricted to the values it supports: the no-op values of server/unimplemented.py's `NOT_YET`,
 `tool_calls` [] or one call that the next message, a tool message, answers ...), then changes
-1-3 places in it (`mutate`): a top-level field or any node nested in it (`messages[1].content[0].text`, `stream_options.include_usage`, a `stop` item) is
-replaced by a wrong-typed, nested or extreme value, or removed. schema_bodies.py draws bodies
+1-3 places in it (`mutate`): a top-level field or any node nested in it
+(`messages[1].content[0].text`, `stream_options.include_usage`, a `stop` item) is replaced by a
+wrong-typed, nested or extreme value, or removed. schema_bodies.py draws bodies
 from the models' JSON schemas and mutates them the same way. Used by
 tests/server/test_body_fuzz.py and `scripts/reliability.py --phases bodies`. Strings never hold
 lone surrogates (JSON cannot carry them as UTF-8 bytes).
