@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sanic import Blueprint, Request
 from sanic.response import HTTPResponse, JSONResponse, json
@@ -85,8 +85,16 @@ async def _run(request: Request, header: fmt.ResponseHeader, valid: ValidRequest
     request.ctx.accepted = True  # its outcome is the engine's to count, not a refusal
     cause: AbortCause = "error"  # if the handler fails before the request finished
     try:
+        if valid.stream and request.version == "1.0":
+            held = _HeldEvents()
+            await _relay_sse(held, stream, header, valid, logprobs)
+            return HTTPResponse(held.body(), content_type="text/event-stream",
+                                headers=_sse_headers(header, valid))
         if valid.stream:
-            await _relay_sse(request, stream, header, valid, logprobs)
+            response = await request.respond(content_type="text/event-stream",
+                                             headers=_sse_headers(header, valid))
+            await response.send("", end_stream=False)  # the headers, now: the request is accepted
+            await _relay_sse(response, stream, header, valid, logprobs)
             return None
         return await _collect(stream, header, valid, logprobs)
     except asyncio.CancelledError:
@@ -167,16 +175,39 @@ def _raise_if_failed(stream: EventStream, last: TokenEvent) -> None:
         raise engine_unavailable(last.error or "the request was aborted by the server")
 
 
+def _sse_headers(header: fmt.ResponseHeader, valid: ValidRequest) -> dict[str, str]:
+    return {"Cache-Control": "no-cache", "X-Request-Id": header.request_id,
+            **ignored_header(list(valid.ignored))}
+
+
+class _HeldEvents:
+    """A stream's events held for a client that speaks HTTP/1.0, to go out as one body of known
+    length: HTTP/1.0 has no chunked encoding, and Sanic frames a streamed body of unknown length
+    with nothing else (an HTTP/1.0 client read its chunk sizes as text)."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    async def send(self, data: str) -> None:
+        self._parts.append(data)
+
+    async def eof(self) -> None:
+        pass
+
+    def body(self) -> str:
+        return "".join(self._parts)
+
+
+class _EventSink(Protocol):
+    async def send(self, data: str) -> None: ...
+
+    async def eof(self) -> None: ...
+
+
 async def _relay_sse(
-    request: Request, stream: EventStream, header: fmt.ResponseHeader, valid: ValidRequest,
+    response: _EventSink, stream: EventStream, header: fmt.ResponseHeader, valid: ValidRequest,
     logprobs: dict[int, ChoiceLogprobs],
 ) -> None:
-    response = await request.respond(
-        content_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": header.request_id,
-                 **ignored_header(list(valid.ignored))},
-    )
-    await response.send("", end_stream=False)  # the headers, now: the request is accepted
     # A forced choice writes calls only.
     forced = valid.tools.choice if valid.tools is not None and valid.tools.choice.forced \
         else None

@@ -446,6 +446,38 @@ def test_a_body_declared_over_the_limit_with_expect_100_continue_is_413_before_i
     assert data.startswith(b"HTTP/1.1 200"), data[:200]
 
 
+def test_a_stream_to_an_http_1_0_client_is_one_body_of_known_length(served):
+    # HTTP/1.0 has no chunked encoding: the events come as one body with its length (a
+    # streamed body of unknown length, chunked, put its chunk sizes into the client's text).
+    host, port = served.url.removeprefix("http://").split(":")
+
+    def exchange(version: bytes, body: bytes) -> tuple[bytes, bytes]:
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /v1/completions " + version + b"\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nConnection: close\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            data = b""
+            while chunk := sock.recv(65536):  # to the connection's end: it closes
+                data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        return head.lower(), rest
+
+    body = b'{"prompt": "hi", "max_tokens": 5, "stream": true, "stream_options": ' \
+           b'{"include_usage": true}}'
+    head, rest = exchange(b"HTTP/1.0", body)
+    assert head.startswith(b"http/1.1 200") and b"transfer-encoding" not in head, head
+    assert b"content-type: text/event-stream" in head
+    assert b"content-length: %d" % len(rest) in head, head
+    events = [line.removeprefix(b"data: ") for line in rest.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]" and all(e.startswith(b"{") for e in events[:-1]), rest[:300]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    # An HTTP/1.1 client still gets the events as they come, chunked.
+    head, _ = exchange(b"HTTP/1.1", body)
+    assert b"transfer-encoding: chunked" in head, head
+
+
 def test_health(served, bundle):
     body = get(served.url, "/health").json()
     assert body == {"status": "ok", "model": bundle.name, "policy": served.engine.policy.name}
