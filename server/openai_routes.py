@@ -199,6 +199,8 @@ class _HeldEvents:
 
 
 class _EventSink(Protocol):
+    """Where `_relay_sse` writes a stream's events: Sanic's streamed response, or held ones."""
+
     async def send(self, data: str) -> None: ...
 
     async def eof(self) -> None: ...
