@@ -66,6 +66,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runtime.blas import installed_mlx
 from runtime.cachedir import default_cache_dir
 
 KERNEL_ENV = "FAIRTICK_ATTENTION_KERNEL"
@@ -204,8 +205,6 @@ def _probe(module: ModuleType) -> None:
 def _built() -> Path:
     """The built extension in the cache, building it if missing."""
     import nanobind
-
-    from runtime.blas import installed_mlx
 
     mlx_dir = installed_mlx()
     if isinstance(mlx_dir, str):
