@@ -54,11 +54,23 @@ token in 4.8-4.9 s against 7.8-9.9 s on one stream, alternated (4.1-7.1 s over a
 7.9-11.3 s before the split: scripts/bench_admission_matrix.py; docs/benchmark_results/
 2026-12-01-admission.md, ninth session).
 $FAIRTICK_ATTENTION_STREAMS=1 keeps every segment on one stream.
+
+A thread whose forwards run beside another thread's (a prompt prefilled while the streams
+decode) wraps them in `layer_by_layer()`: each layer is evaluated before the next is built,
+not handed over. MLX counts its queued tasks across all threads (at most 10: `MAX_ACTIVE_TASKS`
+in its transforms.cpp) and a thread that dispatches past that waits for any task to end, so a
+prompt's forward with its layers queued held the other thread's decode steps behind the
+prompt's long attention tasks: 4 streams stepping beside a 10,000-token prompt prefilled in
+256-token chunks on another thread had gaps p95 / p99 8.75x / 11.7x their quiet p95 with the
+layers queued, 3.88x / 4.28x layer by layer (medians of 6 rounds, in-process:
+scripts/bench_prefill_lane.py --arms lane:256:4,queued:256:4).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -161,8 +173,26 @@ def forward_fused(model: Any, segments: Sequence[Segment]) -> mx.array | None:
         h = h + _linear(attn.o_proj, att)
         h = h + _mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, h))
         if early and i < last:
-            mx.async_eval(h)  # the worker starts on this layer while the next is built
+            if getattr(_local, "layer_by_layer", False):
+                mx.eval(h)
+            else:
+                mx.async_eval(h)  # the worker starts on this layer while the next is built
     return _lm_head(model, rms_norm(inner.norm, h))
+
+
+_local = threading.local()
+
+
+@contextmanager
+def layer_by_layer() -> Iterator[None]:
+    """Within it, this thread's `forward_fused` evaluates each layer before it builds the next,
+    so it never holds more than a layer's tasks in MLX's queue (see the module's docstring)."""
+    before = getattr(_local, "layer_by_layer", False)
+    _local.layer_by_layer = True
+    try:
+        yield
+    finally:
+        _local.layer_by_layer = before
 
 
 def attention_streams(segments: Sequence[Segment]) -> list[tuple[mx.Stream, ...]]:

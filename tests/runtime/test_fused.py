@@ -10,6 +10,8 @@ fairtick's fast softmax (runtime/attention.py), whose last bits differ from MLX'
 from __future__ import annotations
 
 import random
+import threading
+from collections import Counter
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -337,3 +339,66 @@ def test_the_attention_streams_setting_is_checked(monkeypatch):
     with pytest.raises(ValueError, match=r"FAIRTICK_ATTENTION_STREAMS='4': expected one of "
                        r"\('1', '2'\)"):
         attention_streams_setting()
+
+
+def _hand_overs(model, seed: int) -> tuple[Counter, mx.array]:
+    # How often forward_fused, on this thread, evaluated arrays there and then ("eval") and
+    # queued them for MLX's workers ("async"); and the logits it returns.
+    from runtime import fused
+    calls: Counter = Counter()
+    real_eval, real_async = mx.eval, mx.async_eval
+    me = threading.get_ident()
+
+    def evaluating(*args):
+        calls["eval"] += threading.get_ident() == me
+        return real_eval(*args)
+
+    def queueing(*args):
+        calls["async"] += threading.get_ident() == me
+        return real_async(*args)
+
+    rows, slices = MIXES["rows and slices, some ending their prompt"]
+    segments = make_segments(model, seed, rows, slices)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused.mx, "eval", evaluating)
+        patch.setattr(fused.mx, "async_eval", queueing)
+        logits = forward_fused(model, segments)
+    real_eval(logits)
+    return calls, logits
+
+
+def test_layer_by_layer_evaluates_each_layer_before_building_the_next_with_the_same_logits():
+    # MLX caps the tasks queued by all threads together, so a forward run beside another
+    # thread's keeps at most a layer queued: each layer's output is evaluated, not queued,
+    # before the next is built; the arrays it computes are the same.
+    from runtime.fused import layer_by_layer
+    model = random_model(llama, model_type="llama")
+    between = len(model.model.layers) - 1  # hand-overs between layers (not after the last)
+    _hand_overs(model, 8)  # the first forward of a shape evaluates tables it keeps
+    queued, want = _hand_overs(model, 8)
+    assert queued["async"] == between
+    with layer_by_layer():
+        with layer_by_layer():  # nested: still on, and the outer block's setting comes back
+            pass
+        evaluated, got = _hand_overs(model, 8)
+    assert evaluated["async"] == 0 and evaluated["eval"] == queued["eval"] + between
+    assert mx.array_equal(got, want).item()
+    assert _hand_overs(model, 8)[0] == queued  # off again after it
+
+
+def test_layer_by_layer_holds_only_for_the_thread_that_entered_it():
+    from runtime.fused import layer_by_layer
+    model = random_model(llama, model_type="llama")
+    seen: list[Counter] = []
+
+    def other_thread() -> None:
+        try:
+            seen.append(_hand_overs(model, 9)[0])
+        finally:
+            mx.clear_streams()  # a thread's MLX streams are freed by that thread
+
+    with layer_by_layer():
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert len(seen) == 1 and seen[0]["async"] == len(model.model.layers) - 1
