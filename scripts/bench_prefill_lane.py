@@ -16,7 +16,9 @@ prefilled alone in 512-token chunks, as a server does with no stream (its time i
 Then the arm runs a fresh copy of the prompt to its end, timing every decode step's gap (from
 one step's end to the next, what a client sees) and the prompt's time. The arms run in a
 rotated order each round (A B, B A, ...); it prints each run and the medians [min, max] over
-the rounds: TTFT / alone, and the gaps' p50 / p95 / p99 / max over own p95.
+the rounds: TTFT / alone, the gaps' p50 / p95 / p99 / max over own p95, and the cores the
+process kept busy (its CPU seconds, all threads, over the wall's) while the arm ran and while the
+prompt ran alone.
 
     .venv/bin/python scripts/bench_prefill_lane.py [--arms mixed:32,mixed:64,lane:256:3]
         [--rounds 3] [--rows 4] [--row-context 1500] [--prompt-tokens 10000] [--lane-nice N]
@@ -204,13 +206,17 @@ class Bench:
         quiet = self.quiet()
         own_p95, step_s = pct(quiet, 0.95), statistics.median(quiet)
         prompt = self._tokens(self.args.prompt_tokens)
+        cpu = time.process_time()
         alone = self.prefill(self.decoder, prompt, ALONE_CHUNK)
+        cores_alone, cpu = (time.process_time() - cpu) / alone, time.process_time()
         if arm.kind == "mixed":
             took, gaps = self.mixed(prompt, arm.size)
         else:
             took, gaps = self.laned(prompt, arm, step_s)
+        cores = (time.process_time() - cpu) / took
         return {"own_p95_ms": own_p95 * 1e3, "alone_s": alone, "ttft_s": took,
                 "ttft_over_alone": took / alone, "steps": len(gaps),
+                "cores_alone": cores_alone, "cores": cores,
                 **{f"{name}_over_own": value / own_p95 for name, value in (
                     ("p50", statistics.median(gaps)), ("p95", pct(gaps, 0.95)),
                     ("p99", pct(gaps, 0.99)), ("max", max(gaps)))}}
@@ -248,14 +254,16 @@ def main() -> int:
             print(f"round {r + 1} {arm.label:>14}: TTFT / alone {res['ttft_over_alone']:.2f} "
                   f"(alone {res['alone_s']:.2f} s); gaps / own p95 (own {res['own_p95_ms']:.1f}"
                   f" ms): p50 {res['p50_over_own']:.2f} p95 {res['p95_over_own']:.2f} "
-                  f"p99 {res['p99_over_own']:.2f} max {res['max_over_own']:.2f}", flush=True)
+                  f"p99 {res['p99_over_own']:.2f} max {res['max_over_own']:.2f}; cores in use "
+                  f"{res['cores']:.2f} (alone {res['cores_alone']:.2f})", flush=True)
     bench.lane.close()
-    print("\n| arm | TTFT / alone | p50 / own | p95 / own | p99 / own | max / own |")
-    print("|---|---|---|---|---|---|")
+    print("\n| arm | TTFT / alone | p50 / own | p95 / own | p99 / own | max / own | cores "
+          "| cores alone |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, rs in runs.items():
         cells = []
         for key in ("ttft_over_alone", "p50_over_own", "p95_over_own", "p99_over_own",
-                    "max_over_own"):
+                    "max_over_own", "cores", "cores_alone"):
             vals = [x[key] for x in rs]
             cells.append(f"{statistics.median(vals):.2f} [{min(vals):.2f}, {max(vals):.2f}]")
         print(f"| {label} | " + " | ".join(cells) + " |")
