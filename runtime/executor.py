@@ -40,12 +40,12 @@ from runtime import kernels
 from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
-from runtime.fused import prepare as prepare_fused
 from runtime.grammar import Grammar, MatcherError, token_masks
 from runtime.limits import check_context
 from runtime.logprobs import Sampled, Token, TokenLogprob
 from runtime.model import ModelBundle
 from runtime.prefix_cache import CachedPrefix, attach, can_cache
+from runtime.rope_table import prepare as prepare_rope_tables
 from runtime.sampling import SamplingParams, SequenceSampler, sample_batch
 from runtime.seq_state import SeqState, SequenceFault, SliceOutput, advance_grammars
 
@@ -86,7 +86,7 @@ class Executor:
         self._forward = forward_fused if self.fused else forward_apart
         if self.fused:
             kernels.warm_up()
-            prepare_fused(self.model, bundle.context_length)
+            prepare_rope_tables(self.model, bundle.context_length)
         log.info("executor: %s", "one forward per tick" if self.fused else
                  f"one forward per prefill slice and decode batch ({type(self.model).__module__}"
                  " is not fused)")

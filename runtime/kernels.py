@@ -10,7 +10,7 @@ microseconds), so runtime/fused.py runs fewer:
   fairtick's native kernels are had (runtime/native.py), 1 op that computes the same floats in
   the same order (the squares summed one at a time from 0, as MLX's CPU reduction sums them
   on x86-64), bit for bit (tests/runtime/test_kernels.py): 27 of a 4-row decode step's 150 ops.
-- `rotate`: the rotation a rope applies once it has its cosines and sines (fused.py's
+- `rotate`: the rotation a rope applies once it has its cosines and sines (rope_table.py's
   `RopeTable` reads those off the rope once per forward): the fallback's four products and two
   sums as one kernel per output (2 ops for 6, and their broadcasts).
 

@@ -27,9 +27,9 @@ within 3.6e-6). A 512-token chunk's forward 0.69x the time at context 1,000, 0.8
 64-token slice's 0.74-0.98x; a decode step's 0.93-0.99x (ADR 0015 revision 2).
 
 And a rope's rotation (`rotate_halves`: the pairs (x[i], x[i + D/2]) by a segment's cosines and
-sines, `runtime/fused.py` `RopeTable`), one op where MLX's fallback is six, each product and sum
-rounded alone as the fallback rounds them (the compiler may not contract them into FMAs there),
-so bit for bit: a 4-row decode step's forward 0.95-0.98x, with a 1-token slice 0.88-0.97x.
+sines, `runtime/rope_table.py` `RopeTable`), one op where MLX's fallback is six, each product
+and sum rounded alone as the fallback rounds them (the compiler may not contract them into FMAs
+there), so bit for bit: a 4-row decode step's forward 0.95-0.98x, with a 1-token slice 0.88-0.97x.
 
 And an RMSNorm in float32 (`rms_norm`), the floats MLX's fallback computes in its order (the
 squares summed one at a time from 0, as MLX's CPU reduction sums them where its vectors are

@@ -184,20 +184,21 @@ ROPES = {
 def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset, monkeypatch):
     # Whatever the BLAS or softmax: both are elementwise products and sums. The angles come
     # off a table of positions (held across forwards, grown when a segment reaches past it).
-    from runtime import fused
-    from runtime.fused import RopeTable
-    monkeypatch.setattr(fused, "_POSITIONS", {})
+    from runtime import rope_table
+    from runtime.rope_table import RopeTable
+    monkeypatch.setattr(rope_table, "_POSITIONS", {})
     module = nn.RoPE(**ROPES[rope])
     rows, length = (4, 1) if offset == "rows at their own offsets" else (1, 5)
     cache = KVCache()
-    cache.offset = 37 if offset == "one row at 37" else fused._MIN_POSITIONS * 2 + 3
+    cache.offset = 37 if offset == "one row at 37" else rope_table._MIN_POSITIONS * 2 + 3
     if rows > 1:
         # Left padding, as after 4,000 steps of a batch: offsets differ row by row.
         cache = BatchKVCache([3100, 3988, 0, 4000])
         cache.offset, cache._idx = mx.array([900, 12, 4000, 0]), 4000
     if offset == "one row past the first table":  # a table held already, which grows
         RopeTable.of(module, Segment(mx.zeros((1, 1), mx.int32), [KVCache()], True), dtype)
-        assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [fused._MIN_POSITIONS]
+        least = rope_table._MIN_POSITIONS
+        assert [t[0].shape[0] for t in rope_table._POSITIONS.values()] == [least]
     segment = Segment(mx.zeros((rows, length), mx.int32), [cache], logits=True)
     table = RopeTable.of(module, segment, dtype)
     assert table is not None and table.serves(module, dtype)
@@ -208,7 +209,8 @@ def test_a_rope_table_rotates_exactly_as_the_rope_itself(rope, dtype, offset, mo
     assert mx.array_equal(got, want).item() if ROTATION_EXACT else mx.allclose(
         got.astype(mx.float32), want.astype(mx.float32), rtol=1e-3, atol=1e-5).item()
     if offset == "one row past the first table":
-        assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [2 * fused._MIN_POSITIONS + 8]
+        grown = 2 * rope_table._MIN_POSITIONS + 8
+        assert [t[0].shape[0] for t in rope_table._POSITIONS.values()] == [grown]
     # The same rope on another dtype, or another rope, is not served by this table.
     assert not table.serves(module, mx.float32 if dtype != mx.float32 else mx.float16)
     assert not table.serves(nn.RoPE(ROPES[rope]["dims"], traditional=True, base=1.0), dtype)
@@ -235,8 +237,8 @@ def test_a_linear_with_its_weights_view_held_computes_the_linears_own_product(bi
 
 
 def test_a_forward_reads_its_rope_angles_off_one_table_not_in_every_layer(monkeypatch):
-    from runtime import fused
-    monkeypatch.setattr(fused, "_POSITIONS", {})
+    from runtime import rope_table
+    monkeypatch.setattr(rope_table, "_POSITIONS", {})
     model = random_model(llama, model_type="llama")
     num_layers = len(model.model.layers)
     calls = []
@@ -256,9 +258,9 @@ def test_a_forward_reads_its_rope_angles_off_one_table_not_in_every_layer(monkey
     assert rope_calls(forward_fused) == 0  # ... held for the next forward
     assert rope_calls(forward_apart) == 2 * 2 * num_layers  # queries and keys, every layer
     # Prepared for a context (as an Executor prepares its model's), a forward computes none.
-    monkeypatch.setattr(fused, "_POSITIONS", {})
-    fused.prepare(model, 4096 * 3)
-    assert [t[0].shape[0] for t in fused._POSITIONS.values()] == [4096 * 3]
+    monkeypatch.setattr(rope_table, "_POSITIONS", {})
+    rope_table.prepare(model, 4096 * 3)
+    assert [t[0].shape[0] for t in rope_table._POSITIONS.values()] == [4096 * 3]
     assert rope_calls(forward_fused) == 0
 
 

@@ -316,7 +316,8 @@ def test_the_rotation_kernel_is_the_ropes_own_rotation_bit_for_bit(rows, length,
                                                                    rotate_kernel, monkeypatch):
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
-    from runtime.fused import RopeTable, Segment
+    from runtime.fused import Segment
+    from runtime.rope_table import RopeTable
 
     rope = nn.RoPE(32, traditional=False, base=10000.0)
     if rows == 1:
