@@ -10,7 +10,7 @@ Decode is pipelined the way mlx-lm's generation loop is: while every live sequen
 batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads this step's
 tokens. The next tick takes the queued tokens if it steps the same batch (less released
 sequences), with or without prompt slices; any other batch undoes the queued step (caches
-trimmed by one token, sampling states put back).
+trimmed by one token, sampling states put back); a tick with no decode rows leaves it queued.
 
 Sampling runs per row inside the batched step (runtime/row_sampling.py); log-probabilities,
 when asked for, come with the tokens (`take_logprobs`), and a prompt whose tokens' own are asked
@@ -76,7 +76,12 @@ class Executor:
 
     With `fuse` (the default) a tick is one forward where the architecture allows it
     (`runtime.fused.can_fuse`), else one forward per prefill slice plus one for the decode
-    batch; `fused` says which. Not thread-safe: one engine thread calls it.
+    batch; `fused` says which. One thread runs the ticks; another may at the same time run
+    prefill-only ticks (`run(slices, [])`) of sequences outside the decode batch: such a run
+    touches only those sequences' own state, never the decode batch or a step it has queued,
+    and a sequence's arrays are evaluated when it becomes one to prefill (`add`, `evict`),
+    since MLX cannot evaluate on one thread what was left lazy on another's stream. Adding,
+    evicting, releasing and forking are the ticks' thread's.
     """
 
     def __init__(self, bundle: ModelBundle, fuse: bool = True) -> None:
@@ -113,6 +118,7 @@ class Executor:
         seq.matcher = grammar.new_matcher() if grammar is not None else None
         if prefix is not None:
             self._start_from(seq, prefix)
+        self._settle(seq)
         self._seqs[seq_id] = seq
 
     def __contains__(self, seq_id: int) -> bool:
@@ -165,7 +171,7 @@ class Executor:
         if ahead is not None:
             assert self._batch.cache is not None
             touched.append(self._batch.cache)  # it holds the queued step a failure keeps
-        with self._undo_on_error(touched, [seq for seq, _ in slices], ahead):
+        with self._undo_on_error(touched, [seq for seq, _ in slices], ahead, bool(batch)):
             rows, outputs = self._sample(batch, ahead, slices, segments)
             states = [seq.sampler.state for seq, _ in slices]
             if batch:
@@ -244,6 +250,7 @@ class Executor:
         seq.tokens = seq.prompt + seq.generated
         seq.num_prefilled = seq.num_cached = 0
         seq.cache = self._prompt_cache(len(seq.tokens))
+        self._settle(seq)  # its sampling state came out of the batch's, lazily
 
     def release(self, seq_id: int) -> None:
         """Free the sequence's cache (its batch row is dropped at the next decode)."""
@@ -314,6 +321,15 @@ class Executor:
                 layer.step = max(layer.step, -(-num_tokens // layer.step) * layer.step)
         return cache
 
+    @staticmethod
+    def _settle(seq: SeqState) -> None:
+        # Evaluate what the sequence holds that may be lazy (its sampling state; a cached
+        # prefix's slices), so that any thread may run its prefill.
+        held = [seq.sampler.state.arrays()]
+        if seq.cache is not None and seq.num_cached:
+            held.append([(c.keys, c.values) for c in seq.cache])
+        mx.eval(held)
+
     def _get(self, seq_id: int) -> SeqState:
         try:
             return self._seqs[seq_id]
@@ -341,11 +357,13 @@ class Executor:
         return slices
 
     def _batch_for(self, ids: list[int]) -> tuple[list[SeqState], Queued | None]:
-        # The batch made to hold `ids`, and the step it has queued for them.
-        if self._batch.ahead is not None and set(ids) != set(self._batch.live_ids):
-            self._batch.rewind()
+        # The batch made to hold `ids`, and the step it has queued for them. A tick with no
+        # decode rows leaves the batch as it is, a queued step too (the next tick that steps
+        # the same rows takes it; one that steps others undoes it).
         if not ids:
             return [], None
+        if self._batch.ahead is not None and set(ids) != set(self._batch.live_ids):
+            self._batch.rewind()
         self._batch.regroup(ids)
         ahead, self._batch.ahead = self._batch.ahead, None
         return [self._seqs[i] for i in self._batch.live_ids], ahead
@@ -415,9 +433,11 @@ class Executor:
 
     @contextmanager
     def _undo_on_error(self, caches: list[list[Any]], seqs: list[SeqState],
-                       ahead: Queued | None) -> Iterator[None]:
+                       ahead: Queued | None, batch: bool) -> Iterator[None]:
         # Cache states and sampling states as they were; a failed tick puts them back
-        # (positions past a restored offset are garbage that the next update overwrites).
+        # (positions past a restored offset are garbage that the next update overwrites). The
+        # decode batch's, only if the tick stepped it (a prefill-only tick leaves it alone: it
+        # may be running on another thread than the one stepping the batch).
         cache_states = [[c.state for c in cache] for cache in caches]
         states = [s.sampler.state for s in seqs]
         batch_state = self._batch.state
@@ -429,8 +449,9 @@ class Executor:
                     c.state = state
             for seq, state in zip(seqs, states, strict=True):
                 seq.sampler.state = state
-            self._batch.state = batch_state
-            self._batch.ahead = ahead  # still valid: the batch's caches hold its step again
+            if batch:
+                self._batch.state = batch_state
+                self._batch.ahead = ahead  # still valid: the batch's caches hold its step again
             raise
 
     def _commit(self, batch: list[SeqState], decoded: list[Token],

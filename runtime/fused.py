@@ -61,9 +61,9 @@ not handed over. MLX counts its queued tasks across all threads (at most 10: `MA
 in its transforms.cpp) and a thread that dispatches past that waits for any task to end, so a
 prompt's forward with its layers queued held the other thread's decode steps behind the
 prompt's long attention tasks: 4 streams stepping beside a 10,000-token prompt prefilled in
-256-token chunks on another thread had gaps p95 / p99 8.75x / 11.7x their quiet p95 with the
-layers queued, 3.88x / 4.28x layer by layer (medians of 6 rounds, in-process:
-scripts/bench_prefill_lane.py --arms lane:256:4,queued:256:4).
+256-token chunks on another thread had gaps p95 / p99 8.16x / 9.86x their quiet p95 with the
+layers queued, 3.51x / 4.05x layer by layer (medians of 6 rounds, in-process:
+scripts/bench_prefill_lane.py --rounds 6 --arms lane:256:4,queued:256:4 and others).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
   mixed:S      what the server's mixed ticks do: each tick is one `Executor.run` with the
                decode rows and an S-token slice of the prompt (one fused forward), the streams
                stepping once a tick;
-  lane:C:P     a prefill lane: a second thread prefills the prompt in C-token chunks (its own
-               `Executor` on the same model, its forwards `layer_by_layer`: runtime/fused.py)
-               while this thread steps the decode rows on their own, at most once every P times
+  lane:C:P     a prefill lane: a second thread runs the prompt's prefill-only ticks of C tokens
+               (on the same `Executor`, its forwards `layer_by_layer`: runtime/fused.py) while
+               this thread steps the decode rows on their own, at most once every P times
                their quiet step's median;
   queued:C:P   the lane with its forwards' layers queued as the engine's are (MLX's task cap is
                shared by all threads: runtime/fused.py).
@@ -88,10 +88,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Lane:
-    """A thread that runs prefills handed to it, on its own Executor."""
+    """A thread that runs the jobs handed to it (a prompt's prefill-only ticks)."""
 
-    def __init__(self, executor: Executor, nice: int = 0) -> None:
-        self.executor, self.nice = executor, nice
+    def __init__(self, nice: int = 0) -> None:
+        self.nice = nice
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="prefill-lane", daemon=True)
         self._thread.start()
@@ -118,7 +118,7 @@ class Bench:
         bundle = load_model(None)
         self.rng = random.Random(args.seed)
         self.decoder = Executor(bundle)
-        self.lane = Lane(Executor(bundle), args.lane_nice)
+        self.lane = Lane(args.lane_nice)
         self._next_id = 0
         self.rows: list[int] = []
         self.new_rows()
@@ -176,15 +176,25 @@ class Bench:
         return took, gaps
 
     def laned(self, prompt: list[int], arm: Arm, step_s: float) -> tuple[float, list[float]]:
+        # The prompt is added and released on this thread, as the engine's thread would; the
+        # lane runs its prefill-only ticks on the same Executor (runtime/executor.py).
         done, took = threading.Event(), [0.0]
+        seq_id = self._new_id()
+        self.decoder.add(seq_id, prompt, SamplingParams(max_tokens=2))
+
+        def prefill_all() -> None:
+            start = time.perf_counter()
+            while (left := self.decoder.prompt_left(seq_id)) > 0:
+                self.decoder.run([Slice(seq_id, min(arm.size, left))], [])
+            took[0] = time.perf_counter() - start
 
         def job() -> None:
             try:
                 if arm.kind == "lane":
                     with layer_by_layer():
-                        took[0] = self.prefill(self.lane.executor, prompt, arm.size)
+                        prefill_all()
                 else:
-                    took[0] = self.prefill(self.lane.executor, prompt, arm.size)
+                    prefill_all()
             finally:
                 done.set()
 
@@ -199,6 +209,7 @@ class Bench:
                 now = time.perf_counter()
             gaps.append(now - last)
             last = now
+        self.decoder.release(seq_id)
         return took[0], gaps
 
     def run_arm(self, arm: Arm) -> dict[str, float]:

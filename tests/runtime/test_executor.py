@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from mlx_lm.models import llama, qwen2, qwen3
 from runtime import decode_batch
 from runtime import executor as executor_module
 from runtime.executor import Executor, Slice
+from runtime.fused import layer_by_layer
 from runtime.limits import TEMPERATURE
 from runtime.model import BUILTIN_CONFIG, ModelBundle
 from runtime.sampling import SamplingParams, SequenceSampler
@@ -293,6 +295,88 @@ def test_a_tick_that_fails_midway_leaves_every_sequence_as_it_was(llama_bundle, 
     assert out[0] == reference(bundle, prompts[0], 6)
     assert out[2] == reference(bundle, prompts[2], 1)
     assert out[1] == run_staggered(Executor(bundle), {1: prompts[1]}, {1: seeded}, 6)[1]
+
+
+def test_a_prompt_prefilled_on_another_thread_beside_decode_steps_is_exact(bundle):
+    # A prefill lane (ADR 0016): one thread steps the decode rows while another runs the
+    # prompt's prefill-only ticks, layer by layer. Each touches only its own sequences, so every
+    # sequence gets mlx-lm's tokens; the batch's queued step stays the rows' (a prefill-only
+    # tick on the other thread does not undo it).
+    prompts = {i: text_prompt(9 + 13 * i, seed=700 + i) for i in range(3)}
+    prompt = text_prompt(700, seed=799)
+    ex = Executor(bundle)
+    out: dict[int, list[int]] = {}
+    for seq_id in (0, 1, 2):
+        ex.add(seq_id, prompts[seq_id], SamplingParams(max_tokens=200))
+        out[seq_id] = [prefill_all(ex, seq_id)]
+    for _ in range(3):  # the batch runs ahead: a step is queued when the prompt comes
+        for seq_id, token in ex.decode([0, 1, 2]).items():
+            out[seq_id].append(token)
+    ex.add(9, prompt, SamplingParams(max_tokens=200))  # on this thread, as the engine adds
+    assert ex._batch.ahead is not None
+    first: list[int] = []
+    sliced, stepped = threading.Event(), threading.Event()
+
+    def lane() -> None:
+        try:
+            with layer_by_layer():
+                ex.run([Slice(9, 64)], [])
+                sliced.set()
+                stepped.wait(60)  # a step of the rows while the prompt is part-way, at least
+                first.append(prefill_all(ex, 9, chunk=64))
+        finally:
+            sliced.set()
+            mx.clear_streams()  # a thread's MLX streams are freed by that thread
+
+    thread = threading.Thread(target=lane)
+    thread.start()
+    part_way = []
+    while thread.is_alive() or not stepped.is_set():
+        for seq_id, token in ex.decode([0, 1, 2]).items():
+            out[seq_id].append(token)
+        if sliced.is_set() and not stepped.is_set():
+            part_way.append(ex.prompt_left(9))
+            stepped.set()
+    thread.join()
+    assert len(first) == 1 and 0 < part_way[0] < len(prompt)
+    out[9] = first
+    for _ in range(3):  # the prompt joins the rows
+        for seq_id, token in ex.decode([0, 1, 2, 9]).items():
+            out[seq_id].append(token)
+    for seq_id, tokens in out.items():
+        assert tokens == reference(bundle, prompt if seq_id == 9 else prompts[seq_id],
+                                   len(tokens)), seq_id
+
+
+def test_a_failing_prefill_only_tick_leaves_the_decode_batch_alone(bundle, monkeypatch):
+    # Undone, a prefill-only tick puts back only what it touched: on a lane it runs beside the
+    # thread that steps the batch, whose state and queued step it must not overwrite.
+    prompts = {i: text_prompt(11 + 5 * i, seed=720 + i) for i in range(2)}
+    ex = Executor(bundle)
+    out: dict[int, list[int]] = {}
+    for seq_id in (0, 1):
+        ex.add(seq_id, prompts[seq_id], SamplingParams(max_tokens=50))
+        out[seq_id] = [prefill_all(ex, seq_id)]
+    for _ in range(2):
+        for seq_id, token in ex.decode([0, 1]).items():
+            out[seq_id].append(token)
+    ex.add(5, text_prompt(40, seed=729), SamplingParams())
+    state, queued = ex._batch.state, ex._batch.ahead
+    assert queued is not None
+
+    def failing(*args: object) -> object:
+        raise RuntimeError("injected fault in sampling")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SequenceSampler, "sample", failing)
+        with pytest.raises(RuntimeError, match="injected"):
+            ex.run([Slice(5, 40)], [])
+    assert ex._batch.state is state and ex._batch.ahead is queued and ex.prompt_left(5) == 40
+    for _ in range(2):  # the rows take their queued step, and go on exactly
+        for seq_id, token in ex.decode([0, 1]).items():
+            out[seq_id].append(token)
+    for seq_id, tokens in out.items():
+        assert tokens == reference(bundle, prompts[seq_id], len(tokens))
 
 
 def test_default_model_emits_printable_ascii_only(bundle: ModelBundle) -> None:
