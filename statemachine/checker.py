@@ -47,12 +47,15 @@ from statemachine.world import (
     arrange,
     begin_tick,
     end_tick,
+    extra_room,
     grant,
+    lane_tick,
     leave,
 )
 
 Label = tuple[Any, ...]  # ("arrive", tokens, max_tokens, observed) | ("abort", i) |
-# ("finish", i) | ("tick", budget or None, granted seqs whose slice ends their prompt);
+# ("finish", i) | ("tick", budget or None, granted seqs whose slice ends their prompt, the
+# decode rows' steps past their one: 0, or 1 in a lane tick);
 # indices are positions in the canonical order
 Moved = tuple[bool, int] | None  # (restarted, amount): the observed queue wait's move
 _MARK = 1 << 30  # the observed queue wait before a tick: what it is after tells how it moved
@@ -335,17 +338,28 @@ class Checker:
             if plan.decision not in decided:  # else another budget decided the same tick
                 decided.add(plan.decision)
                 granted = plan.decision.granted if not self.abs.progress else ()
+                lane = lane_tick(plan, self.policy)
                 for ends in itertools.product((False, True), repeat=len(granted)):
                     done = tuple(g for g, e in zip(granted, ends, strict=True) if e)
-                    yield ("tick", budget, done), *self._end(plan, done, layout)
+                    yield ("tick", budget, done, 0), *self._end(plan, done, layout)
+                    # A lane tick's rows may take a step past their one (ADR 0016): one more
+                    # stands for any more (what it moves is a row's finish and the KV room).
+                    if lane and extra_room(self._progressed(plan, done), self.lifecycle,
+                                           self.policy.spec.kv_full, layout) >= 1:
+                        yield ("tick", budget, done, 1), *self._end(plan, done, layout, 1)
             if not asked:
                 break  # the step never asked for its budget: every budget runs this tick
 
-    def _end(self, plan: Plan, done: tuple[int, ...],
-             layout: Layout) -> tuple[World, list[Violation]]:
+    def _progressed(self, plan: Plan, done: tuple[int, ...]) -> Plan:
+        # `plan` with the granted prompts' lengths set as `done` says, where not tracked.
         if not self.abs.progress and plan.prefills:
-            plan = self._set_progress(plan, done)
-        outcome = end_tick(plan, self.lifecycle)
+            return self._set_progress(plan, done)
+        return plan
+
+    def _end(self, plan: Plan, done: tuple[int, ...], layout: Layout,
+             extra: int = 0) -> tuple[World, list[Violation]]:
+        plan = self._progressed(plan, done)
+        outcome = end_tick(plan, self.lifecycle, extra)
         violations = check_decision(plan.state, plan.decision) + \
             check_capacity(outcome.world.seqs, layout) + \
             check_claims(outcome, self._stepwise(layout.chunk_size))
@@ -366,10 +380,10 @@ class Checker:
     def tick(self, world: World, label: Label,
              layout: Layout) -> tuple[Plan, World, list[Violation]]:
         """A tick label's plan, the world after it, and what it violated."""
-        _, budget, done = label
+        _, budget, done, extra = label
         plan = begin_tick(world, self.policy, self.lifecycle, layout, self._give(budget),
                           self._decide)
-        return (plan, *self._end(plan, done, layout))
+        return (plan, *self._end(plan, done, layout, extra))
 
     @staticmethod
     def _give(budget: int | None) -> Callable[[TickState], int] | None:

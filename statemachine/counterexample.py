@@ -108,7 +108,9 @@ def _run(sched: Scheduler, step: PathStep, lengths: dict[int, int], steps: list[
             steps[-1] += f", grants seq {', '.join(map(str, plan.decision.granted))}"
         if label[1] is not None:
             steps[-1] += f", budget {label[1]} tokens"
-        sched.complete(plan)
+        if label[3]:
+            steps[-1] += f", the decode rows step {1 + label[3]} times (a lane tick)"
+        sched.complete(plan, extra=label[3])
 
 
 def _budget(value: int | None) -> Callable[[TickState], int] | None:

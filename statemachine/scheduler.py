@@ -38,7 +38,9 @@ from statemachine.world import (
     admissible,
     begin_tick,
     end_tick,
+    extra_room,
     fork,
+    lane_tick,
     leave,
     new_seq,
     tick_state,
@@ -138,11 +140,22 @@ class Scheduler:
             self._raise(check_decision(plan.state, plan.decision))
         return plan
 
-    def complete(self, plan: Plan, finished: Collection[int] = ()) -> Outcome:
-        """Apply the outcome of `plan`, then finish the sequences in `finished`."""
+    def extra_room(self, plan: Plan) -> int:
+        """The decode rows' steps past their one that a lane tick of `plan` may take (0 in any
+        other tick): `statemachine.world.extra_room`."""
+        if not lane_tick(plan, self.policy):
+            return 0
+        return extra_room(self._current(plan), self.lifecycle, self.policy.spec.kv_full,
+                          self.layout)
+
+    def complete(self, plan: Plan, finished: Collection[int] = (), extra: int = 0) -> Outcome:
+        """Apply the outcome of `plan`, then finish the sequences in `finished`. `extra`: the
+        decode rows' steps past their one, in a lane tick (at most `extra_room(plan)`)."""
+        if extra and not 0 < extra <= self.extra_room(plan):
+            raise ValueError(f"{extra} extra decode steps: a lane tick may take at most "
+                             f"{self.extra_room(plan)} (none in another tick)")
         # Sequences that left since `schedule` (an abort, a failure) are gone from the world.
-        outcome = end_tick(Plan(self._world, plan.state, plan.decision, plan.prefills,
-                                plan.decode, plan.events), self.lifecycle)
+        outcome = end_tick(self._current(plan), self.lifecycle, extra)
         self._world = outcome.world
         self._apply(outcome.events)
         granted = set(plan.decision.granted)
@@ -160,6 +173,11 @@ class Scheduler:
             if model is not None and self.lifecycle.role_of[model.state] is Role.DECODING:
                 self._leave(seq_id, Trigger.FINISH, self.tick - 1)
         return outcome
+
+    def _current(self, plan: Plan) -> Plan:
+        # `plan` over the world as it is now (sequences that left since `schedule` are gone).
+        return Plan(self._world, plan.state, plan.decision, plan.prefills, plan.decode,
+                    plan.events)
 
     # -- derived views ---------------------------------------------------------------------
     def world(self) -> World:

@@ -90,6 +90,15 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class LaneSpec:
+    """A policy's prefill lane: its slices' tokens, and the decode rows' least period over the
+    tick's target (both over the policy's parameters)."""
+
+    chunk_tokens: Expr
+    pace: Expr
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     """A tick policy as declared in YAML, with its expressions compiled."""
 
@@ -107,6 +116,10 @@ class PolicySpec:
     # step as measured on this machine now); the engine turns it into `budget_tokens` for each
     # tick. None: no latency target.
     tick_budget_ms: Expr | None = None
+    # A prefill lane (ADR 0016): in a tick with decode rows and a grant, the slices run on a
+    # second thread, `chunk_tokens` of them, while the rows step at most once every `pace`
+    # times the tick's target, one or more times; None: a tick is one forward.
+    lane: LaneSpec | None = None
 
     def parameter(self, name: str) -> ParameterSpec:
         """The parameter called `name`; KeyError if the policy has none."""
@@ -147,7 +160,7 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
     if not isinstance(doc, dict):
         raise src.error((), "a policy spec is a mapping with name, doc, pick, rules, claims")
     _known_keys(src, (), doc, {"name", "doc", "parameters", "pick", "grants", "chunk_tokens",
-                               "rules", "claims", "tick_budget_ms", "kv_full"})
+                               "rules", "claims", "tick_budget_ms", "kv_full", "lane"})
     name = _required(src, ("name",), doc, str)
     if not _NAME.match(name):
         raise src.error(("name",), "must be lower_snake_case letters, digits and _")
@@ -176,7 +189,30 @@ def load_policy(name_or_path: str | Path) -> PolicySpec:
         tick_budget_ms=None if "tick_budget_ms" not in doc else _expr(
             src, ("tick_budget_ms",), doc["tick_budget_ms"],
             {"decode_step_ms": Var(low=0), **param_vars}, "num"),
+        lane=None if "lane" not in doc else _lane(src, doc, param_vars),
     )
+
+
+def _lane(src: Source, doc: dict[str, Any], param_vars: dict[str, Var]) -> LaneSpec:
+    raw = doc["lane"]
+    if not isinstance(raw, dict):
+        raise src.error(("lane",), "must be a mapping with chunk_tokens and pace")
+    _known_keys(src, ("lane",), raw, {"chunk_tokens", "pace"})
+    if "tick_budget_ms" not in doc:
+        raise src.error(("lane",), "needs tick_budget_ms: the lane's pace is a share of the "
+                        "tick's target")
+    for key in ("chunk_tokens", "pace"):
+        if key not in raw:
+            raise src.error(("lane", key), "is required")
+    chunk = _at_least(src, ("lane", "chunk_tokens"), _expr(
+        src, ("lane", "chunk_tokens"), raw["chunk_tokens"], param_vars, "num"), 1,
+        "a lane's slice holds at least one token")
+    pace = _expr(src, ("lane", "pace"), raw["pace"], param_vars, "num")
+    if pace.low <= 0 or pace.high > 1:
+        raise src.error(("lane", "pace"), f"must lie in (0, 1] (a share of the tick's target); "
+                        f"{pace.source!r} ranges over [{show_bound(pace.low)}, "
+                        f"{show_bound(pace.high)}]")
+    return LaneSpec(chunk, pace)
 
 
 def _at_least(src: Source, path: Path_, expr: Expr, least: int, why: str) -> Expr:

@@ -61,6 +61,7 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
     class SchedulerMachine(RuleBasedStateMachine):
         fired: Counter[str] = Counter()
         forks: Counter[bool] = Counter()  # siblings forked (True) or queued (False)
+        extra: Counter[bool] = Counter()  # lane ticks whose rows stepped again (True) or not
         last_trace: Any = None
 
         @initialize(data=st.data())
@@ -111,7 +112,10 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
                                    "budget") if has_target else None
                 plan = self.sched.schedule(_fixed(budget))
                 SchedulerMachine.fired[plan.decision.rule] += 1
-                outcome = self.sched.complete(plan)
+                room = self.sched.extra_room(plan)  # a lane tick's rows may step again
+                extra = data.draw(st.integers(0, min(room, 3)), "extra steps") if room else 0
+                SchedulerMachine.extra[extra > 0] += bool(room)
+                outcome = self.sched.complete(plan, extra=extra)
                 if sizes.forks:
                     recs = {s.seq_id: s for s in plan.world.seqs}
                     for seq_id, _, _ in outcome.completed:
@@ -173,11 +177,13 @@ def stateful_settings(examples: int = 200, steps: int = 50, shrink: bool = True,
 @dataclass(frozen=True)
 class StatefulResult:
     """The shrunk failure as text (None: every claim held), how often each rule of the policy
-    decided a tick over the whole run, and how the sibling choices it forked went."""
+    decided a tick over the whole run, how the sibling choices it forked went, and how many lane
+    ticks' rows stepped again."""
 
     failure: str | None
     fired: Counter[str]
     forks: Counter[bool]  # sibling choices born decoding (True) or queued (False)
+    extra: Counter[bool]  # lane ticks whose rows stepped past their one (True) or not
 
 
 def run_stateful(policy: Policy, lifecycle: Lifecycle | None = None, sizes: Sizes = Sizes(),
@@ -195,5 +201,5 @@ def run_stateful(policy: Policy, lifecycle: Lifecycle | None = None, sizes: Size
         return StatefulResult(f"  {exc}\n{notes}\n  trace of the failing run (last 200 "
                               "events):\n" + "\n".join("    " + line
                                                        for line in table.splitlines()),
-                              machine.fired, machine.forks)
-    return StatefulResult(None, machine.fired, machine.forks)
+                              machine.fired, machine.forks, machine.extra)
+    return StatefulResult(None, machine.fired, machine.forks, machine.extra)

@@ -38,8 +38,8 @@ from statemachine.room import admit, can_fork, census, fire, make_room
 from statemachine.tick import Decision, ParkedPrefill, Policy, PolicyMemory, TickState, decide_tick
 
 __all__ = ["Arranged", "Budget", "Event", "Layout", "Outcome", "Plan", "PrefillWork", "Seq",
-           "World", "admissible", "arrange", "begin_tick", "end_tick", "fork", "grant",
-           "kv_cached", "leave", "new_seq", "tick_state"]
+           "World", "admissible", "arrange", "begin_tick", "end_tick", "extra_room", "fork",
+           "grant", "kv_cached", "lane_tick", "leave", "new_seq", "tick_state"]
 
 
 Budget = Callable[[TickState], int]
@@ -102,8 +102,10 @@ def grant(arranged: Arranged, policy: Policy, life: Lifecycle, budget: Budget | 
                 tuple(prefills), decode, tuple(events))
 
 
-def end_tick(plan: Plan, life: Lifecycle) -> Outcome:
-    """Apply what `plan` ran (sequences that left since `begin_tick` are skipped)."""
+def end_tick(plan: Plan, life: Lifecycle, extra: int = 0) -> Outcome:
+    """Apply what `plan` ran (sequences that left since `begin_tick` are skipped). `extra`:
+    the decode rows' steps past their one in a lane tick (ADR 0016), each row stopping at its
+    max_tokens; at most `extra_room` allows."""
     decision, rule = plan.decision, plan.decision.rule
     slices = {w.seq_id: w.num_tokens for w in plan.prefills}
     decoded = set(plan.decode)
@@ -125,7 +127,9 @@ def end_tick(plan: Plan, life: Lifecycle) -> Outcome:
                 first_grants.append((s.seq_id, s.age + 1))
             s = done
         elif s.seq_id in decoded and role is Role.DECODING:
-            generated += 1
+            generated += 1 + extra
+            if s.max_tokens is not None:
+                generated = min(generated, s.max_tokens)
         if role is Role.DECODING and s.max_tokens is not None and generated >= s.max_tokens:
             done_ids.append(s.seq_id)  # it has all the tokens it may have
         seqs.append(_count(s, role, generated, s.seq_id in parked, s.seq_id in slices,
@@ -137,6 +141,27 @@ def end_tick(plan: Plan, life: Lifecycle) -> Outcome:
         after, event = leave(after, seq_id, Trigger.FINISH, life, rule)
         events.append(event)
     return Outcome(after, tuple(events), tuple(completed), tuple(first_grants))
+
+
+def lane_tick(plan: Plan, policy: Policy) -> bool:
+    """Whether `plan` is a lane tick (ADR 0016): the policy has a lane, and the tick both
+    decodes and grants (its slices run on the lane, the rows step one or more times)."""
+    return policy.spec.lane is not None and bool(plan.prefills) and bool(plan.decode)
+
+
+def extra_room(plan: Plan, life: Lifecycle, kv_full: str, layout: Layout) -> int:
+    """How many steps past their one the decode rows of `plan` may take in a lane tick: as
+    many as keep room, after the tick, for every decoding row's next token within the KV
+    budget (as `begin_tick` makes room for), so that no extra step makes anyone be preempted.
+    Without a KV budget, or under `kv_full: queue` (each sequence holds all it may generate),
+    no limit but each row's max_tokens (`end_tick` stops each row there)."""
+    rows = len(plan.decode)
+    if not rows or layout.kv_budget is None or kv_full == "queue":
+        return 2**31
+    after = end_tick(plan, life).world.seqs
+    counts, committed = census(list(after), kv_full)
+    free = layout.kv_budget - committed - counts[Role.DECODING]
+    return max(0, free // rows)
 
 
 def leave(world: World, seq_id: int, trigger: Trigger, life: Lifecycle,

@@ -17,6 +17,8 @@ def test_claims_hold_and_every_rule_fires(name):
     assert result.failure is None, result.failure
     silent = [r.name for r in policy.spec.rules if not result.fired[r.name]]
     assert not silent, f"rules that never decided a tick: {silent}"
+    if policy.spec.lane is not None:  # lane ticks whose rows stepped again, and ones that not
+        assert result.extra[True] and result.extra[False], result.extra
 
 
 @pytest.mark.parametrize("name", NON_BASELINE)
