@@ -32,6 +32,7 @@ from runtime.engine_config import EngineConfig
 from runtime.executor import Executor
 from runtime.grammar import GrammarCompiler, make_grammar_compiler
 from runtime.isolation import run_isolated
+from runtime.lane import PrefillLane
 from runtime.limits import check_context
 from runtime.metrics import EngineMetrics
 from runtime.model import ModelBundle, load_model
@@ -43,7 +44,7 @@ from statemachine.lifecycle import Role, Trigger, load_lifecycle
 from statemachine.scheduler import Scheduler
 from statemachine.tick import make_policy
 from statemachine.trace import TickRecord, TraceEvent, TraceLog
-from statemachine.world import Layout, Plan, admissible
+from statemachine.world import Layout, Plan, admissible, lane_tick
 
 log = logging.getLogger("fairtick.engine")
 GRAMMAR_ENDS_OUTPUT = ("min_tokens and ignore_eos cannot be used with a grammar "
@@ -85,6 +86,10 @@ class Engine:
         self.error: BaseException | None = None
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
+        # A lane policy's prefill lane (ADR 0016), made on the engine thread's start, and when
+        # the decode rows last began a step beside it.
+        self._lane: PrefillLane | None = None
+        self._lane_step_s = 0.0
 
     # -- callers' side ---------------------------------------------------------------------
     @property
@@ -198,6 +203,8 @@ class Engine:
             # MLX keeps compiled functions per thread: trace the compiled kernels on this one
             # before any request (they were built before the engine started).
             kernels.warm_up()
+            if self.policy.spec.lane is not None:
+                self._lane = PrefillLane()
             while not self._stopping.is_set():
                 self._drain_inbox()
                 if not self._live:
@@ -217,6 +224,8 @@ class Engine:
             self._live.clear()
             self._by_request.clear()
             self._drain_inbox(refuse=reason)
+            if self._lane is not None:
+                self._lane.close()
             # MLX needs its per-thread streams freed by the thread that used them, or the
             # process aborts at exit ("terminate called without an active exception").
             mx.clear_streams()
@@ -267,6 +276,8 @@ class Engine:
         """One tick: decide, execute, apply, publish."""
         start = time.perf_counter()
         budget = self.budget.slice_tokens if self.policy.spec.tick_budget_ms is not None else None
+        if self.policy.spec.lane is not None:
+            budget = self.budget.lane_tokens
         with self._lock:
             plan_tick = self.scheduler.tick
             self.budget.begin(plan_tick)
@@ -276,11 +287,12 @@ class Engine:
             self.prefixes.fit(plan.world.seqs)
         self._note_admissions(time.monotonic())
         shape = self.budget.shape(plan.prefills, plan.decode)
+        laned = self._lane is not None and lane_tick(plan, self.policy)
         executing = time.perf_counter()
-        finished = self._execute(plan)
+        finished, extra = self._execute_lane(plan) if laned else (self._execute(plan), 0)
         applying = time.perf_counter()
         with self._lock:
-            self.scheduler.complete(plan, finished)
+            self.scheduler.complete(plan, finished, extra)
         finished += self._fork(plan)  # before the finished release their caches
         for seq_id in finished:
             self._retire(seq_id, None)
@@ -290,10 +302,11 @@ class Engine:
             plan_tick, time.time() - (end - start), end - start, plan.decision.action,
             plan.decision.rule, len(plan.decode), sum(w.num_tokens for w in plan.prefills),
             kv_used))
-        self.budget.observe(shape, end - start)
+        if not laned:  # a lane tick's length is its slice's, beside the rows' steps
+            self.budget.observe(shape, end - start)
         self.metrics.tick_duration.observe(end - start)
         target_s = self.budget.target_s
-        if target_s and plan.prefills and plan.decode:
+        if target_s and plan.prefills and plan.decode and not laned:
             kind = "probe" if self.budget.probe is not None else "mixed"
             self.metrics.tick_over_target.labels(kind).observe((end - start) / target_s)
         self.metrics.scheduler_time.inc((executing - start) + (end - applying))
@@ -332,9 +345,43 @@ class Engine:
                                            if w.seq_id in self._live))
         return self._publish(tokens)
 
+    def _execute_lane(self, plan: Plan) -> tuple[list[int], int]:
+        # A lane tick (ADR 0016): the slices run on the lane while the decode rows step here,
+        # a step beginning at most once every `pace` x the target (counted across ticks), at
+        # least once, and past that only as the KV room allows; the tick ends with the slices.
+        # The rows' tokens go out as each step ends. Returns the sequences that finished and
+        # the rows' steps past their one.
+        assert self._lane is not None
+        prefills = [w for w in plan.prefills if w.seq_id in self._live]
+        rows = [seq_id for seq_id in plan.decode if seq_id in self._live]
+        job = self._lane.submit(lambda: self.executor.run(prefills, []))
+        period, room = self.budget.lane_period_s(), self.scheduler.extra_room(plan)
+        finished: list[int] = []
+        steps = 0
+        while rows and steps <= room:
+            wait = self._lane_step_s + period - time.perf_counter()
+            if steps and (job.done.is_set() or (wait > 0 and job.done.wait(wait))):
+                break  # the slices are done: the tick ends
+            if wait > 0 and not steps:
+                time.sleep(wait)  # the tick's one step, in its time
+            self._lane_step_s = time.perf_counter()
+            tokens = run_isolated(self.executor, self._fail, decode=rows)
+            finished += self._publish(tokens)
+            steps += 1
+            rows = [seq_id for seq_id in rows if seq_id in self._live and seq_id not in finished]
+        job.done.wait()
+        if job.error is None:
+            tokens = job.result
+        else:  # run again here, apart, so that a fault fails its own sequence only
+            tokens = run_isolated(self.executor, self._fail, prefills=prefills)
+        self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
+                                           if w.seq_id in self._live))
+        return finished + self._publish(tokens), max(0, steps - 1)
+
     def _publish(self, tokens: Mapping[int, int]) -> list[int]:
-        # Hand each sequence its token (and its log-probabilities); the ones it finished.
-        logprobs, prompt_logprobs = self.executor.take_logprobs()
+        # Hand each sequence its token (and its log-probabilities); the ones it finished. Only
+        # theirs: a lane may be committing another sequence's meanwhile.
+        logprobs, prompt_logprobs = self.executor.take_logprobs(tokens.keys())
         now, finished = time.monotonic(), []
         for seq_id, token in tokens.items():
             try:

@@ -28,7 +28,7 @@ needs this token.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -191,13 +191,16 @@ class Executor:
                                 for seq_id, (first, _) in found.items() if first is not None])
         return self._commit(batch, decoded, slices, found)
 
-    def take_logprobs(self) -> tuple[dict[int, TokenLogprob],
-                                     dict[int, tuple[TokenLogprob, ...]]]:
+    def take_logprobs(self, seq_ids: Iterable[int] | None = None
+                      ) -> tuple[dict[int, TokenLogprob], dict[int, tuple[TokenLogprob, ...]]]:
         """The log-probabilities that came with the tokens `run` and `fork` returned since the
         last call (sequences that asked for them): each token's, and each prompt's (with its
-        first token: prompt tokens 1, 2, ...; the first has none)."""
+        first token: prompt tokens 1, 2, ...; the first has none). Of `seq_ids` only, if given
+        (a prefill-only tick on another thread may be committing its own meanwhile)."""
         tokens, prompts = {}, {}
-        for seq in self._seqs.values():
+        seqs = self._seqs.values() if seq_ids is None else \
+            [self._seqs[i] for i in seq_ids if i in self._seqs]
+        for seq in seqs:
             if seq.sent_logprob is not None:
                 tokens[seq.seq_id], seq.sent_logprob = seq.sent_logprob, None
             if seq.sent_prompt_logprobs is not None:

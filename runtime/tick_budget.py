@@ -89,6 +89,30 @@ class TickBudget:
         return self.costs.slice_tokens_within(self.target_s, rows, context, self._chunk,
                                               constrained)
 
+    def lane_tokens(self, state: TickState) -> int:
+        """A lane policy's budget (ADR 0016): its lane's slice, with this tick's target set for
+        the decode rows' pace beside it (none before their step was measured: they step
+        unpaced). No probe: the rows' steps beside the lane are not their own pace."""
+        spec = self._policy.spec
+        assert spec.lane is not None and spec.tick_budget_ms is not None
+        params = self._policy.params
+        if state.num_decoding and state.parked:
+            decoding = self._executor.decode_rows()
+            ids, rows = [i for i, _ in decoding], [c for _, c in decoding]
+            decode_s = self.costs.decode_step_p95_s(
+                rows, self._executor.num_constrained_decoding())
+            if decode_s:
+                decode_s *= self.pace.growth(ids)
+                self.target_s = spec.tick_budget_ms(
+                    {**params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        return int(spec.lane.chunk_tokens(params))
+
+    def lane_period_s(self) -> float:
+        """The decode rows' least period beside the lane this tick (0: unpaced)."""
+        lane = self._policy.spec.lane
+        assert lane is not None
+        return (self.target_s or 0.0) * float(lane.pace(self._policy.params))
+
     def shape(self, prefills: Sequence[SliceWork], decode: Sequence[int]) -> TickShape:
         """What a tick that runs these slices and decode rows is, as the cost model sees it."""
         ex = self._executor

@@ -174,6 +174,45 @@ def test_while_a_prompt_is_parked_the_engine_probes_the_streams_own_step(bundle,
     assert observed("probe", "sum") > 0 and observed("mixed", "sum") > 0
 
 
+def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact(bundle,
+                                                                               monkeypatch):
+    # token_budget_lane (ADR 0016): the prompt's slice runs on the lane thread while the
+    # streams step on the engine thread, more than once in some ticks; every token is still
+    # mlx-lm's, and the scheduler counts every step (its own check runs each tick).
+    engine = Engine(EngineConfig(max_running=4, prefill_chunk_size=256,
+                                 policy="token_budget_lane", check_invariants=True,
+                                 policy_params={"lane_pace": 0.1}), bundle)
+    engine.start()
+    got = Collector()
+    extras: list[int] = []
+    real_complete = engine.scheduler.complete
+
+    def complete(plan, finished=(), extra=0):
+        if plan.prefills and plan.decode:
+            extras.append(extra)
+        return real_complete(plan, finished, extra)
+
+    monkeypatch.setattr(engine.scheduler, "complete", complete)
+    streams = {f"s{i}": prompt(8, 200 + i) for i in range(3)}
+    long = prompt(1500, 9)
+    try:
+        for rid, tokens in streams.items():
+            submit(engine, got, rid, tokens, max_tokens=120, logprobs=0)
+        wait_until(lambda: all(len(got.tokens(r)) >= 2 for r in streams))
+        submit(engine, got, "long", long, max_tokens=6, logprobs=0)
+        got.wait(*streams, "long")
+    finally:
+        engine.stop()
+    assert extras and max(extras) > 0, extras  # some lane tick's streams stepped again
+    for rid, tokens in streams.items():
+        assert got.tokens(rid) == reference(bundle, tokens, 120), rid
+    assert got.tokens("long") == reference(bundle, long, 6)
+    # Every token with its log-probability: the streams' steps publish theirs only, never the
+    # prompt's first token's, which the lane commits meanwhile.
+    for rid in (*streams, "long"):
+        assert all(e.logprob is not None for _, e in got.events[rid] if e.token_id is not None)
+
+
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
     got, streams = admission_scenario(bundle, "baseline")
     first = got.first_token_order("long")
@@ -314,7 +353,7 @@ def test_trace_holds_only_declared_transitions(bundle):
 
 # token_budget: the poisoned prompt's first slices come in the ticks that probe the streams'
 # pace (the decode rows' forward, then the slice's), so the fault is in the second forward.
-@pytest.mark.parametrize("policy", ["mixed_step", "token_budget"])
+@pytest.mark.parametrize("policy", ["mixed_step", "token_budget", "token_budget_lane"])
 def test_a_fault_in_one_request_fails_only_that_request(bundle, policy):
     engine, got = make_engine(bundle, policy), Collector()
     poisoned = prompt(40, 5)

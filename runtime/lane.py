@@ -1,0 +1,73 @@
+"""A prefill lane (ADR 0016): a thread that runs a lane tick's prompt slices while the engine
+thread steps the decode rows beside them.
+
+MLX runs each thread's graph on that thread's own streams and cannot evaluate on one thread
+what was left lazy on another's; the executor keeps a prefill-only tick to its own sequences'
+state (runtime/executor.py), and the lane runs it `layer_by_layer` (runtime/fused.py), since
+MLX caps the tasks queued by all threads together and a forward with its layers queued held
+the engine thread's decode steps behind the prompt's attention. The thread warms its compiled
+kernels before the engine's first tick and frees its streams when it closes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from runtime import kernels
+from runtime.fused import layer_by_layer
+
+
+class LaneJob:
+    """One job on the lane: `done` is set once it returned or raised."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with layer_by_layer():
+                self.result = self.work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the engine thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class PrefillLane:
+    """The lane's thread; `submit` a job, `close` when the engine stops."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[LaneJob | None] = queue.Queue()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="prefill-lane",
+                                        daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            kernels.warm_up()  # MLX keeps compiled functions per thread
+        finally:
+            ready.set()
+        try:
+            while (job := self._jobs.get()) is not None:
+                job.run()
+        finally:
+            mx.clear_streams()  # a thread's streams are freed by that thread
+
+    def submit(self, work: Callable[[], Any]) -> LaneJob:
+        job = LaneJob(work)
+        self._jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
