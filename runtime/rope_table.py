@@ -116,7 +116,8 @@ def _rope_angles(rope: Any, dtype: mx.Dtype, shape: tuple[int, int, int, int],
 # read off it. `prepare` makes them as long as the model's context (at most 131,072
 # positions) when an Executor is made (4 MiB for the built-in model's 32,768 positions, 64 MiB
 # for a head dimension of 128 at 131,072); one a segment reaches past grows by doubling (at
-# least 4,096 positions). On the engine thread only.
+# least 4,096 positions), by whichever thread's segment reaches past it: stored once
+# evaluated, so any thread may read it.
 _POSITIONS: dict[tuple[int, bool, float, float, mx.Dtype], tuple[mx.array, mx.array]] = {}
 _MIN_POSITIONS = 4096
 _PREPARED_POSITIONS = 131072
@@ -145,6 +146,7 @@ def _positions(rope: Any, key: tuple[int, bool, float, float, mx.Dtype],
         have = 0 if table is None else table[0].shape[0]
         size = max(needed, 2 * have, _MIN_POSITIONS)
         cos, sin = _rope_angles(rope, key[4], (1, 1, size, rope.dims), 0)
-        table = _POSITIONS[key] = (mx.contiguous(cos[0, 0]), mx.contiguous(sin[0, 0]))
-        mx.eval(table)
+        table = (mx.contiguous(cos[0, 0]), mx.contiguous(sin[0, 0]))
+        mx.eval(table)  # before it is stored: another thread may read it (runtime/lane.py)
+        _POSITIONS[key] = table
     return table
