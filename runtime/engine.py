@@ -296,7 +296,8 @@ class Engine:
         finished += self._fork(plan)  # before the finished release their caches
         for seq_id in finished:
             self._retire(seq_id, None)
-        kv_used = self._record(plan)
+        self.metrics.record_tick(plan)
+        kv_used = self._set_gauges()
         end = time.perf_counter()
         self.trace.tick(TickRecord(
             plan_tick, time.time() - (end - start), end - start, plan.decision.action,
@@ -346,34 +347,23 @@ class Engine:
         return self._publish(tokens)
 
     def _execute_lane(self, plan: Plan) -> tuple[list[int], int]:
-        # A lane tick (ADR 0016): the slices run on the lane while the decode rows step here,
-        # a step beginning at most once every `pace` x the target (counted across ticks), at
-        # least once, and past that only as the KV room allows; the tick ends with the slices.
-        # The rows' tokens go out as each step ends. Returns the sequences that finished and
-        # the rows' steps past their one.
+        # A lane tick (runtime/lane.py): the rows' tokens go out as each step ends; a slice that
+        # failed on the lane runs again here, apart, so that a fault fails its own sequence
+        # only. Returns the sequences that finished and the rows' steps past their one.
         assert self._lane is not None
         prefills = [w for w in plan.prefills if w.seq_id in self._live]
-        rows = [seq_id for seq_id in plan.decode if seq_id in self._live]
-        job = self._lane.submit(lambda: self.executor.run(prefills, []))
-        period, room = self.budget.lane_period_s(), self.scheduler.extra_room(plan)
         finished: list[int] = []
-        steps = 0
-        while rows and steps <= room:
-            wait = self._lane_step_s + period - time.perf_counter()
-            if steps and (job.done.is_set() or (wait > 0 and job.done.wait(wait))):
-                break  # the slices are done: the tick ends
-            if wait > 0 and not steps:
-                time.sleep(wait)  # the tick's one step, in its time
-            self._lane_step_s = time.perf_counter()
-            tokens = run_isolated(self.executor, self._fail, decode=rows)
-            finished += self._publish(tokens)
-            steps += 1
-            rows = [seq_id for seq_id in rows if seq_id in self._live and seq_id not in finished]
-        job.done.wait()
-        if job.error is None:
-            tokens = job.result
-        else:  # run again here, apart, so that a fault fails its own sequence only
-            tokens = run_isolated(self.executor, self._fail, prefills=prefills)
+
+        def step(rows: list[int]) -> list[int]:
+            finished.extend(self._publish(run_isolated(self.executor, self._fail, decode=rows)))
+            return [seq_id for seq_id in rows if seq_id in self._live and seq_id not in finished]
+
+        job, steps, self._lane_step_s = self._lane.tick(
+            lambda: self.executor.run(prefills, []), step,
+            [seq_id for seq_id in plan.decode if seq_id in self._live],
+            self.budget.lane_period_s(), self.scheduler.extra_room(plan), self._lane_step_s)
+        tokens = job.result if job.error is None else \
+            run_isolated(self.executor, self._fail, prefills=prefills)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills
                                            if w.seq_id in self._live))
         return finished + self._publish(tokens), max(0, steps - 1)
@@ -491,29 +481,6 @@ class Engine:
                         self.metrics.queue_time.observe(now_s - live.response.submitted_s)
                     self.admission.admitted(now_s)
 
-    def _record(self, plan: Plan) -> int:
-        """Count the tick in /metrics; returns the KV tokens in use after it."""
-        m, decision = self.metrics, plan.decision
-        m.ticks.labels(decision.action).inc()
-        m.prefill_chunks.inc(len(plan.prefills))
-        if plan.decode:
-            m.decode_steps.inc()
-        if decision.action == "mixed":
-            m.mixed_steps.inc()
-        if plan.state.num_decoding:
-            m.prefill_grants.inc(len(decision.granted))
-        waits = {p.seq_id: p.wait_ticks for p in plan.state.parked}
-        for seq_id in decision.granted:
-            m.parked_wait.observe(waits[seq_id])
-        return self._set_gauges()
-
     def _set_gauges(self) -> int:
         """Set the sequence and KV gauges; returns the KV tokens in use."""
-        world = self.scheduler.world()
-        state = self.scheduler.tick_state()
-        self.metrics.parked.set(state.num_parked)
-        self.metrics.waiting.set(state.num_waiting)
-        self.metrics.running.set(state.num_running)
-        kv_used = sum(s.kv_cached for s in world.seqs)
-        self.metrics.kv_used.set(kv_used)
-        return kv_used
+        return self.metrics.set_gauges(self.scheduler.world(), self.scheduler.tick_state())

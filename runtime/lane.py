@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,28 @@ class PrefillLane:
         job = LaneJob(work)
         self._jobs.put(job)
         return job
+
+    def tick(self, slices: Callable[[], Any], step: Callable[[list[int]], list[int]],
+             rows: list[int], period_s: float, room: int,
+             last_step_s: float) -> tuple[LaneJob, int, float]:
+        """A lane tick (ADR 0016): `slices` runs on the lane while this thread calls `step` on
+        the decode rows (it returns the rows that go on), a step beginning at most once every
+        `period_s` after the last began (`last_step_s`, carried across ticks, on the
+        `time.perf_counter` clock), at least once while rows are left, and at most `room` more
+        times; the tick ends when the slices are done. Returns their finished job, the steps
+        taken, and when the last began."""
+        job, steps = self.submit(slices), 0
+        while rows and steps <= room:
+            wait = last_step_s + period_s - time.perf_counter()
+            if steps and (job.done.is_set() or (wait > 0 and job.done.wait(wait))):
+                break  # the slices are done: the tick ends
+            if wait > 0 and not steps:
+                time.sleep(wait)  # the tick's one step, in its time
+            last_step_s = time.perf_counter()
+            rows = step(rows)
+            steps += 1
+        job.done.wait()
+        return job, steps, last_step_s
 
     def close(self) -> None:
         self._jobs.put(None)

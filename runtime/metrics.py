@@ -12,6 +12,8 @@ from typing import get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtime.api import AbortCause
+from statemachine.records import Plan, World
+from statemachine.tick import TickState
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 25.0, 60.0, 120.0)
@@ -88,6 +90,30 @@ class EngineMetrics:
         for action in ("idle", "decode", "prefill", "mixed"):
             self.ticks.labels(action)
         self._add_outcomes(r)
+
+    def record_tick(self, plan: Plan) -> None:
+        """Count a tick's action, slices, steps, grants and the granted prompts' waits."""
+        decision = plan.decision
+        self.ticks.labels(decision.action).inc()
+        self.prefill_chunks.inc(len(plan.prefills))
+        if plan.decode:
+            self.decode_steps.inc()
+        if decision.action == "mixed":
+            self.mixed_steps.inc()
+        if plan.state.num_decoding:
+            self.prefill_grants.inc(len(decision.granted))
+        waits = {p.seq_id: p.wait_ticks for p in plan.state.parked}
+        for seq_id in decision.granted:
+            self.parked_wait.observe(waits[seq_id])
+
+    def set_gauges(self, world: World, state: TickState) -> int:
+        """Set the sequence and KV gauges; returns the KV tokens in use."""
+        self.parked.set(state.num_parked)
+        self.waiting.set(state.num_waiting)
+        self.running.set(state.num_running)
+        kv_used = sum(s.kv_cached for s in world.seqs)
+        self.kv_used.set(kv_used)
+        return kv_used
 
     def _add_outcomes(self, r: CollectorRegistry) -> None:
         self.requests_finished = Counter(
