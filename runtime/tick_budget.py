@@ -63,18 +63,14 @@ class TickBudget:
         expr, ex = self._policy.spec.tick_budget_ms, self._executor
         if not state.num_decoding or not state.parked or expr is None:
             return self._chunk
-        decoding = ex.decode_rows()
-        ids, rows = [i for i, _ in decoding], [c for _, c in decoding]
+        ids, rows = self._rows()
         if self.pace.due(ids, self._tick):
             self.probe = ids, sum(c + 1 for c in rows)
         constrained = ex.num_constrained_decoding()
-        decode_s = self.costs.decode_step_p95_s(rows, constrained)
-        if not decode_s:
-            # Nothing known of the rows' step yet (a fit of slice ticks alone prices it at 0
-            # s): no target.
+        decode_s = self._set_target(ids, rows, constrained)
+        if decode_s is None:
             return 0
-        decode_s *= self.pace.growth(ids)
-        self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        assert self.target_s is not None
         context = max(ex.num_cached(p.seq_id) for p in state.parked)
         if self.probe is not None:
             # The rows' own forward first, then the slice in a forward of its own, sized for
@@ -95,17 +91,27 @@ class TickBudget:
         unpaced). No probe: the rows' steps beside the lane are not their own pace."""
         spec = self._policy.spec
         assert spec.lane is not None and spec.tick_budget_ms is not None
-        params = self._policy.params
         if state.num_decoding and state.parked:
-            decoding = self._executor.decode_rows()
-            ids, rows = [i for i, _ in decoding], [c for _, c in decoding]
-            decode_s = self.costs.decode_step_p95_s(
-                rows, self._executor.num_constrained_decoding())
-            if decode_s:
-                decode_s *= self.pace.growth(ids)
-                self.target_s = spec.tick_budget_ms(
-                    {**params, "decode_step_ms": decode_s * 1e3}) / 1e3
-        return int(spec.lane.chunk_tokens(params))
+            self._set_target(*self._rows(), self._executor.num_constrained_decoding())
+        return int(spec.lane.chunk_tokens(self._policy.params))
+
+    def _rows(self) -> tuple[list[int], list[int]]:
+        # The decode rows' ids and their contexts.
+        decoding = self._executor.decode_rows()
+        return [i for i, _ in decoding], [c for _, c in decoding]
+
+    def _set_target(self, ids: list[int], rows: list[int], constrained: int) -> float | None:
+        # The rows' step as it runs now (its p95 before the prompt, grown as the probes since
+        # measured), with this tick's target set from it; None, and no target, where nothing
+        # is known of the step yet (a fit of slice ticks alone prices it at 0 s).
+        expr = self._policy.spec.tick_budget_ms
+        assert expr is not None
+        decode_s = self.costs.decode_step_p95_s(rows, constrained)
+        if not decode_s:
+            return None
+        decode_s *= self.pace.growth(ids)
+        self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
+        return decode_s
 
     def lane_period_s(self) -> float:
         """The decode rows' least period beside the lane this tick (0: unpaced)."""
