@@ -296,7 +296,7 @@ class Engine:
         finished += self._fork(plan)  # before the finished release their caches
         for seq_id in finished:
             self._retire(seq_id, None)
-        self.metrics.record_tick(plan)
+        self.metrics.record_tick(plan, extra)
         kv_used = self._set_gauges()
         end = time.perf_counter()
         self.trace.tick(TickRecord(

@@ -33,10 +33,12 @@ class EngineMetrics:
         r = self.registry
         self.prefill_chunks = Counter("fairtick_prefill_chunks", "Prompt chunks prefilled",
                                       registry=r)
-        self.decode_steps = Counter("fairtick_decode_steps",
-                                    "Batched decode steps (decode and mixed ticks)", registry=r)
-        self.mixed_steps = Counter("fairtick_mixed_steps",
-                                   "Ticks that decoded and prefilled in one step", registry=r)
+        self.decode_steps = Counter(
+            "fairtick_decode_steps",
+            "Batched decode steps (decode and mixed ticks; a lane tick's every step)", registry=r)
+        self.mixed_steps = Counter(
+            "fairtick_mixed_steps", "Ticks that decoded and prefilled (in one forward, or the "
+            "slices on the lane beside the rows' steps)", registry=r)
         self.prefill_grants = Counter(
             "fairtick_prefill_grants", "Prefill chunks granted while sequences were decoding "
             "(the grants that cost the streams latency)", registry=r)
@@ -91,13 +93,14 @@ class EngineMetrics:
             self.ticks.labels(action)
         self._add_outcomes(r)
 
-    def record_tick(self, plan: Plan) -> None:
-        """Count a tick's action, slices, steps, grants and the granted prompts' waits."""
+    def record_tick(self, plan: Plan, extra: int = 0) -> None:
+        """Count a tick's action, slices, steps (a lane tick's `extra` steps past its one as
+        well), grants and the granted prompts' waits."""
         decision = plan.decision
         self.ticks.labels(decision.action).inc()
         self.prefill_chunks.inc(len(plan.prefills))
         if plan.decode:
-            self.decode_steps.inc()
+            self.decode_steps.inc(1 + extra)
         if decision.action == "mixed":
             self.mixed_steps.inc()
         if plan.state.num_decoding:

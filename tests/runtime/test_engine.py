@@ -193,6 +193,15 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
         return real_complete(plan, finished, extra)
 
     monkeypatch.setattr(engine.scheduler, "complete", complete)
+    steps: list[int] = []  # the decode rows' forwards (the lane's slices have none)
+    run = engine.executor.run
+
+    def spy(prefills, decode):
+        if decode:
+            steps.append(len(decode))
+        return run(prefills, decode)
+
+    monkeypatch.setattr(engine.executor, "run", spy)
     streams = {f"s{i}": prompt(8, 200 + i) for i in range(3)}
     long = prompt(1500, 9)
     try:
@@ -204,6 +213,8 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
     finally:
         engine.stop()
     assert extras and max(extras) > 0, extras  # some lane tick's streams stepped again
+    # /metrics counts every step the rows took, a lane tick's extra ones too.
+    assert engine.registry.get_sample_value("fairtick_decode_steps_total") == len(steps)
     for rid, tokens in streams.items():
         assert got.tokens(rid) == reference(bundle, tokens, 120), rid
     assert got.tokens("long") == reference(bundle, long, 6)
