@@ -38,7 +38,7 @@ from benchlib.serve import start_server, stop_server
 DEFAULT_ARMS = ["deadline", "tb3=token_budget --itl-factor 3",
                 "tb375=token_budget --itl-factor 3.75", "tb4=token_budget",
                 "tb45=token_budget --itl-factor 4.5", "tb5=token_budget --itl-factor 5",
-                "tb7=token_budget --itl-factor 7",
+                "tb7=token_budget --itl-factor 7", "lane=token_budget_lane",
                 "mixed_step",
                 "gc16=grant_counter --grant-interval 16", "prefill_priority", "baseline"]
 

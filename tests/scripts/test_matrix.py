@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
+from statemachine.spec import shipped_policy_names
 from tests.scripts.conftest import SMALL, png_size, run_script
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def test_the_whole_matrix_has_an_arm_for_every_shipped_policy():
+    # With no --arm the script runs "the whole matrix": every policy the server ships.
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_admission_matrix as matrix
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert {matrix.parse_arm(a).policy for a in matrix.DEFAULT_ARMS} == set(
+        shipped_policy_names())
 
 
 def test_one_arm_one_run_writes_table_json_and_plot(tmp_path):
@@ -27,7 +43,7 @@ def test_one_arm_one_run_writes_table_json_and_plot(tmp_path):
 
 
 def test_a_token_budget_arm_reports_its_ticks_against_their_target(tmp_path):
-    # The default policy sizes each mixed tick's slice for a latency target; the run reports
+    # token_budget sizes each mixed tick's slice for a latency target; the run reports
     # how many ticks in the admission window were sized so, and how many overshot it (from
     # /metrics: fairtick_tick_over_target_ratio), and mixed_step, without a target, none.
     done = run_script("bench_admission_matrix.py", *SMALL, "--chunk", "16", "--repeats", "1",
