@@ -15,7 +15,7 @@ from statemachine.yamlsrc import Path_, Source, SpecError, load_source
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
 POLICIES_DIR = SPECS_DIR / "policies"
-DEFAULT_POLICY = "token_budget"
+DEFAULT_POLICY = "token_budget_lane"
 
 Action = Literal["idle", "decode", "prefill", "mixed"]
 ACTIONS: tuple[Action, ...] = ("idle", "decode", "prefill", "mixed")

@@ -80,7 +80,8 @@ def test_a_lifecycle_without_the_states_the_policy_needs_refuses_to_start(tmp_pa
     life.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert main(["serve", "--lifecycle", str(life)]) == 2
     err = capsys.readouterr().err
-    assert "kv_full: recompute (policy token_budget) needs a state with role preempted" in err
+    default = load_policy("default").name
+    assert f"kv_full: recompute (policy {default}) needs a state with role preempted" in err
     assert "Traceback" not in err
 
 
