@@ -46,19 +46,29 @@ class PrefillLane:
     """The lane's thread; `submit` a job, `close` when the engine stops."""
 
     def __init__(self) -> None:
+        """Start the lane's thread; raises (RuntimeError) if it could not warm its kernels, so
+        that the engine fails at start rather than waiting for ever on a lane with no thread."""
         self._jobs: queue.Queue[LaneJob | None] = queue.Queue()
+        self._failed: BaseException | None = None
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="prefill-lane",
                                         daemon=True)
         self._thread.start()
         ready.wait()
+        if self._failed is not None:
+            self._thread.join()
+            raise RuntimeError(f"the prefill lane could not start: {self._failed!r}") \
+                from self._failed
 
     def _run(self, ready: threading.Event) -> None:
         try:
-            kernels.warm_up()  # MLX keeps compiled functions per thread
-        finally:
-            ready.set()
-        try:
+            try:
+                kernels.warm_up()  # MLX keeps compiled functions per thread
+            except BaseException as exc:  # noqa: BLE001 - raised again by __init__
+                self._failed = exc
+                return
+            finally:
+                ready.set()
             while (job := self._jobs.get()) is not None:
                 job.run()
         finally:

@@ -8,12 +8,14 @@ trace or from the order the engine published them."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from runtime import kernels
 from runtime.api import GenerationRequest
 from runtime.engine import Engine, EngineConfig
 from runtime.model import ModelBundle
@@ -222,6 +224,28 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
     # prompt's first token's, which the lane commits meanwhile.
     for rid in (*streams, "long"):
         assert all(e.logprob is not None for _, e in got.events[rid] if e.token_id is not None)
+
+
+def test_a_lane_that_cannot_start_fails_the_engine_instead_of_hanging_it(bundle, monkeypatch):
+    # The lane's thread warms its kernels before the engine's first tick; when that fails the
+    # engine thread dies with the cause (requests are refused, /health says so) instead of
+    # waiting for ever on the first lane tick's slice, which no thread would run.
+    real = kernels.warm_up
+
+    def warm_up() -> None:
+        if threading.current_thread().name == "prefill-lane":
+            raise OSError("no kernels on this thread")
+        real()
+
+    monkeypatch.setattr(kernels, "warm_up", warm_up)
+    engine = make_engine(bundle, "token_budget_lane")
+    try:
+        wait_until(lambda: not engine.alive, timeout=10)
+    finally:
+        engine.stop()
+    assert isinstance(engine.error, RuntimeError), engine.error
+    assert "prefill lane could not start" in str(engine.error)
+    assert "no kernels on this thread" in str(engine.error)
 
 
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
