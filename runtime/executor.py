@@ -41,6 +41,7 @@ from runtime.cache_fork import fork_cache
 from runtime.decode_batch import DecodeBatch, Queued
 from runtime.fused import Segment, can_fuse, forward_apart, forward_fused
 from runtime.grammar import Grammar, MatcherError, token_masks
+from runtime.heap import give_back_free_memory
 from runtime.limits import check_context
 from runtime.logprobs import Sampled, Token, TokenLogprob
 from runtime.model import ModelBundle
@@ -263,6 +264,7 @@ class Executor:
         if not self._seqs:
             mx.synchronize()  # a queued step's buffers must be freed before the cache is
             mx.clear_cache()
+            give_back_free_memory()  # and the C allocator's free pages (runtime/heap.py)
 
     # -- the prefix cache's side (runtime/prefix_cache.py) ---------------------------------
     @property
