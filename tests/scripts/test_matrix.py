@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
+
+import bench_admission_matrix as matrix  # scripts/ is on sys.path (tests/conftest.py)
 
 from statemachine.spec import shipped_policy_names
 from tests.scripts.conftest import SMALL, png_size, run_script
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 def test_the_whole_matrix_has_an_arm_for_every_shipped_policy():
     # With no --arm the script runs "the whole matrix": every policy the server ships.
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_admission_matrix as matrix
-    finally:
-        sys.path.remove(str(SCRIPTS))
     assert {matrix.parse_arm(a).policy for a in matrix.DEFAULT_ARMS} == set(
         shipped_policy_names())
 

@@ -99,11 +99,7 @@ def test_an_unknown_phase_is_exit_2():
 
 @pytest.fixture(scope="module")
 def reliability():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import reliability as module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    import reliability as module  # scripts/ is on sys.path (tests/conftest.py)
     return module
 
 
