@@ -355,8 +355,16 @@ class Engine:
         finished: list[int] = []
 
         def step(rows: list[int]) -> list[int]:
+            # The tokens of the step queued after the last go out first, then the next step is
+            # queued: the streams' gaps follow the pace, not the step's dispatch (ADR 0016).
             finished.extend(self._publish(run_isolated(self.executor, self._fail, decode=rows)))
-            return [seq_id for seq_id in rows if seq_id in self._live and seq_id not in finished]
+            rows = [seq_id for seq_id in rows if seq_id in self._live and seq_id not in finished]
+            if rows:
+                try:
+                    self.executor.queue_step(rows)
+                except Exception:  # noqa: BLE001 - left as it was: the next step runs itself
+                    log.exception("the decode rows' next step could not be queued")
+            return rows
 
         job, steps, self._lane_step_s = self._lane.tick(
             lambda: self.executor.run(prefills, []), step,

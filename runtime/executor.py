@@ -11,6 +11,8 @@ batch, a decode-only tick queues the next step (`mx.async_eval`) before it reads
 tokens. The next tick takes the queued tokens if it steps the same batch (less released
 sequences), with or without prompt slices; any other batch undoes the queued step (caches
 trimmed by one token, sampling states put back); a tick with no decode rows leaves it queued.
+Beside a prefill lane (ADR 0016), whose prompt is a live sequence outside the batch,
+`queue_step` queues the rows' next step after their tokens are read.
 
 Sampling runs per row inside the batched step (runtime/row_sampling.py); log-probabilities,
 when asked for, come with the tokens (`take_logprobs`), and a prompt whose tokens' own are asked
@@ -178,7 +180,7 @@ class Executor:
             if batch:
                 assert self._batch.state is not None
                 states.append(self._batch.state)  # evaluated, so no graph chain grows
-            if rows is not None and not slices and self._can_run_ahead(batch):
+            if rows is not None and not slices and self._can_run_ahead(batch, pending=1):
                 self._queue_ahead(batch, rows)
             mx.eval([o.arrays() for o in outputs.values()], [s.arrays() for s in states],
                     [[c.state for c in seq.cache or ()] for seq, _ in slices],
@@ -191,6 +193,19 @@ class Executor:
                              + [(self._seqs[seq_id], first[0])
                                 for seq_id, (first, _) in found.items() if first is not None])
         return self._commit(batch, decoded, slices, found)
+
+    def queue_step(self, decode: Sequence[int]) -> None:
+        """Queue the next decode step of `decode` for the next `run` that steps the same rows
+        (a `run` that steps others undoes it), as a decode-only `run` queues its next step
+        before it reads its own tokens, even while sequences outside the batch prefill: a lane
+        tick (ADR 0016) publishes a step's tokens first and queues the next step after, so that
+        the streams' gaps follow its pace, not the next step's dispatch. Nothing is queued
+        where a decode-only `run` would queue nothing (a grammar; every max_tokens reached)."""
+        batch, ahead = self._batch_for(list(decode))
+        self._batch.ahead = ahead  # one queued already stays
+        if ahead is None and batch and self._can_run_ahead(batch, pending=0, alone=False):
+            with self._undo_on_error([self._batch.cache], [], None, True):
+                self._queue_ahead(batch, None)
 
     def take_logprobs(self, seq_ids: Iterable[int] | None = None
                       ) -> tuple[dict[int, TokenLogprob], dict[int, tuple[TokenLogprob, ...]]]:
@@ -417,23 +432,25 @@ class Executor:
             rows, [s.sampler for s in batch], steps, self._batch.state, masks)
         return sampled
 
-    def _queue_ahead(self, batch: list[SeqState], rows: Sampled) -> None:
-        # The next step of the same batch, queued before this one's tokens are read.
-        logits = self._forward(self.model, [self._decode_segment(batch, rows.tokens)])
+    def _queue_ahead(self, batch: list[SeqState], rows: Sampled | None) -> None:
+        # The next step of the same batch: after `rows`, this step's tokens, queued before
+        # they are read; else after the rows' committed tokens.
+        inputs = rows.tokens if rows is not None else None
+        logits = self._forward(self.model, [self._decode_segment(batch, inputs)])
         assert self._batch.state is not None
         before = self._batch.state
-        queued = Queued(self._sample_rows(batch, logits, ahead=1), before)
+        queued = Queued(self._sample_rows(batch, logits, ahead=int(rows is not None)), before)
         self._batch.ahead = queued
         mx.async_eval(queued.sampled.arrays(), self._batch.state.arrays())
 
-    def _can_run_ahead(self, batch: list[SeqState]) -> bool:
-        # Not while a sequence outside the batch may need the next tick (its work would queue
-        # behind this step), nor past every max_tokens, nor with a grammar (its next mask needs
-        # this step's token).
+    def _can_run_ahead(self, batch: list[SeqState], pending: int, alone: bool = True) -> bool:
+        # `alone`: not while a sequence outside the batch may need the next tick (its work
+        # would queue behind this step). Nor past every max_tokens (the rows have `pending`
+        # tokens not yet committed), nor with a grammar (its next mask needs this token).
         if any(s.matcher is not None for s in batch):
             return False
-        return len(batch) == len(self._seqs) and any(
-            len(s.generated) + 1 < s.sampler.params.max_tokens for s in batch
+        return (not alone or len(batch) == len(self._seqs)) and any(
+            len(s.generated) + pending < s.sampler.params.max_tokens for s in batch
         )
 
     @contextmanager

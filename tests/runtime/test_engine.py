@@ -248,6 +248,36 @@ def test_a_lane_that_cannot_start_fails_the_engine_instead_of_hanging_it(bundle,
     assert "no kernels on this thread" in str(engine.error)
 
 
+def test_a_lane_tick_whose_next_step_cannot_be_queued_goes_on(bundle, monkeypatch, caplog):
+    # A lane tick queues the rows' next step after publishing their tokens; where that fails
+    # (the executor leaves the batch as it was), the next step runs itself: the streams and
+    # the prompt still get mlx-lm's tokens and the engine lives.
+    engine = make_engine(bundle, "token_budget_lane")
+    calls: list[list[int]] = []
+
+    def queue_step(rows: list[int]) -> None:
+        calls.append(rows)
+        raise RuntimeError("no room to queue")
+
+    monkeypatch.setattr(engine.executor, "queue_step", queue_step)
+    got = Collector()
+    streams = {f"s{i}": prompt(8, 300 + i) for i in range(2)}
+    long = prompt(900, 19)
+    try:
+        for rid, tokens in streams.items():
+            submit(engine, got, rid, tokens, max_tokens=60)
+        wait_until(lambda: all(len(got.tokens(r)) >= 2 for r in streams))
+        submit(engine, got, "long", long, max_tokens=4)
+        got.wait(*streams, "long")
+    finally:
+        engine.stop()
+    assert calls and engine.error is None
+    assert "could not be queued" in caplog.text
+    for rid, tokens in streams.items():
+        assert got.tokens(rid) == reference(bundle, tokens, 60), rid
+    assert got.tokens("long") == reference(bundle, long, 4)
+
+
 def test_under_baseline_the_prompt_waits_for_the_batch_to_drain(bundle):
     got, streams = admission_scenario(bundle, "baseline")
     first = got.first_token_order("long")

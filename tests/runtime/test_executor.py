@@ -482,6 +482,63 @@ def test_decode_ahead_is_undone_when_the_batch_changes(bundle: ModelBundle) -> N
     assert out[1] == alone
 
 
+def test_a_step_queued_after_the_tokens_are_read_is_the_step_a_run_takes(bundle, monkeypatch):
+    # A lane tick (ADR 0016) publishes a step's tokens and then queues the rows' next step
+    # (`queue_step`), even while a prompt outside the batch is prefilling. The next run of the
+    # same rows takes it; a run of other rows undoes it; rows at their max_tokens queue none;
+    # one that fails is undone. Every token stays mlx-lm's, and a seeded row's draws its own.
+    prompts = {i: text_prompt(7 + 9 * i, seed=900 + i) for i in range(3)}
+    seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=30)
+    sampling = {0: SamplingParams(max_tokens=30), 1: seeded, 2: SamplingParams(max_tokens=12)}
+    ex = Executor(bundle)
+    out: dict[int, list[int]] = {}
+    for seq_id, params in sampling.items():
+        ex.add(seq_id, prompts[seq_id], params)
+        out[seq_id] = [prefill_all(ex, seq_id)]
+    prompt = text_prompt(300, seed=999)
+    ex.add(9, prompt, SamplingParams(max_tokens=3))  # prefilling beside the rows
+
+    def step(ids: list[int]) -> None:
+        for seq_id, token in ex.decode(ids).items():
+            out[seq_id].append(token)
+        ex.queue_step(ids)
+
+    step([0, 1, 2])
+    assert ex._batch.ahead is not None  # queued, with sequence 9 outside the batch
+    taken = ex._batch.ahead
+    step([0, 1, 2])
+    assert ex._batch.ahead is not None and ex._batch.ahead is not taken  # took it, queued one
+    for seq_id, token in ex.decode([0, 1, 2]).items():  # takes it, queues none (9 is live)
+        out[seq_id].append(token)
+    # A queue_step that fails midway leaves everything as it was.
+    real = ex._forward
+
+    def fails(model, segments):
+        real(model, segments)  # the caches moved
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(ex, "_forward", fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        ex.queue_step([0, 1, 2])
+    monkeypatch.setattr(ex, "_forward", real)
+    assert ex._batch.ahead is None
+    step([0, 1, 2])
+    ex.run([Slice(9, 100)], [])  # a prefill-only tick leaves it queued
+    assert ex._batch.ahead is not None
+    step([0, 2])  # 1 parked: the queued step is undone
+    for _ in range(12):
+        step([0, 1, 2] if len(out[2]) < 12 else [0, 1])
+    out[9] = [prefill_all(ex, 9)]
+    step([0, 1, 9])  # the prompt joins: the batch changes again
+    while len(out[1]) < 30:  # to their max_tokens: no step is queued past the last
+        step([0, 1] if len(out[0]) < 30 else [1])
+    assert ex._batch.ahead is None
+    for seq_id in (0, 2):
+        assert out[seq_id] == reference(bundle, prompts[seq_id], len(out[seq_id])), seq_id
+    assert out[1] == run_staggered(Executor(bundle), {1: prompts[1]}, {1: seeded}, 30)[1]
+    assert out[9] == reference(bundle, prompt, 2)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
