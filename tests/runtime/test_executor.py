@@ -65,6 +65,19 @@ def prefill_all(ex: Executor, seq_id: int, chunk: int = CHUNK) -> int:
     return token
 
 
+def prefilled(bundle: ModelBundle, prompts: dict[int, list[int]],
+              sampling: dict[int, SamplingParams], chunk: int = CHUNK
+              ) -> tuple[Executor, dict[int, list[int]]]:
+    """An executor holding a sequence for each of `sampling`, its prompt prefilled in `chunk`
+    slices; the first token of each."""
+    ex = Executor(bundle)
+    out: dict[int, list[int]] = {}
+    for seq_id, params in sampling.items():
+        ex.add(seq_id, prompts[seq_id], params)
+        out[seq_id] = [prefill_all(ex, seq_id, chunk)]
+    return ex, out
+
+
 def run_staggered(
     ex: Executor,
     prompts: dict[int, list[int]],
@@ -453,11 +466,7 @@ def test_decode_ahead_is_undone_when_the_batch_changes(bundle: ModelBundle) -> N
     prompts = {i: text_prompt(6 + 7 * i, seed=300 + i) for i in range(4)}
     seeded = SamplingParams(temperature=1.0, seed=77, max_tokens=40)
     sampling = {0: SamplingParams(max_tokens=40), 1: seeded, 2: SamplingParams(max_tokens=40)}
-    ex = Executor(bundle)
-    out: dict[int, list[int]] = {}
-    for seq_id, params in sampling.items():
-        ex.add(seq_id, prompts[seq_id], params)
-        out[seq_id] = [ex.prefill(seq_id, 1000)]  # type: ignore[list-item]
+    ex, out = prefilled(bundle, prompts, sampling, chunk=1000)
 
     def step(ids: list[int], times: int = 1) -> None:
         for _ in range(times):
@@ -490,11 +499,7 @@ def test_a_step_queued_after_the_tokens_are_read_is_the_step_a_run_takes(bundle,
     prompts = {i: text_prompt(7 + 9 * i, seed=900 + i) for i in range(3)}
     seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=30)
     sampling = {0: SamplingParams(max_tokens=30), 1: seeded, 2: SamplingParams(max_tokens=12)}
-    ex = Executor(bundle)
-    out: dict[int, list[int]] = {}
-    for seq_id, params in sampling.items():
-        ex.add(seq_id, prompts[seq_id], params)
-        out[seq_id] = [prefill_all(ex, seq_id)]
+    ex, out = prefilled(bundle, prompts, sampling)
     prompt = text_prompt(300, seed=999)
     ex.add(9, prompt, SamplingParams(max_tokens=3))  # prefilling beside the rows
 
