@@ -366,11 +366,10 @@ class Engine:
                     log.exception("the decode rows' next step could not be queued")
             return rows
 
-        decode = [seq_id for seq_id in plan.decode if seq_id in self._live]
         job, steps, self._lane_step_s = self._lane.tick(
-            lambda: self.executor.run(prefills, []), step, decode,
-            self.budget.lane_period_s(len(decode)), self.scheduler.extra_room(plan),
-            self._lane_step_s)
+            lambda: self.executor.run(prefills, []), step,
+            [seq_id for seq_id in plan.decode if seq_id in self._live],
+            self.budget.lane_period_s(), self.scheduler.extra_room(plan), self._lane_step_s)
         tokens = job.result if job.error is None else \
             run_isolated(self.executor, self._fail, prefills=prefills)
         self.metrics.prompt_tokens.inc(sum(w.num_tokens for w in prefills

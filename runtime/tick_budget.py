@@ -113,13 +113,11 @@ class TickBudget:
         self.target_s = expr({**self._policy.params, "decode_step_ms": decode_s * 1e3}) / 1e3
         return decode_s
 
-    def lane_period_s(self, rows: int) -> float:
-        """The least period of `rows` decode rows stepping beside the lane this tick (0:
-        unpaced): the lane's pace for that many rows, times the tick's target."""
+    def lane_period_s(self) -> float:
+        """The decode rows' least period beside the lane this tick (0: unpaced)."""
         lane = self._policy.spec.lane
         assert lane is not None
-        pace = lane.pace({**self._policy.params, "num_decoding": rows})
-        return (self.target_s or 0.0) * float(pace)
+        return (self.target_s or 0.0) * float(lane.pace(self._policy.params))
 
     def shape(self, prefills: Sequence[SliceWork], decode: Sequence[int]) -> TickShape:
         """What a tick that runs these slices and decode rows is, as the cost model sees it."""

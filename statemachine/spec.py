@@ -91,9 +91,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class LaneSpec:
-    """A policy's prefill lane: its slices' tokens (over the policy's parameters), and the decode
-    rows' least period over the tick's target (over the parameters and `num_decoding`, the rows
-    that step beside the lane this tick)."""
+    """A policy's prefill lane: its slices' tokens, and the decode rows' least period over the
+    tick's target (both over the policy's parameters)."""
 
     chunk_tokens: Expr
     pace: Expr
@@ -208,8 +207,7 @@ def _lane(src: Source, doc: dict[str, Any], param_vars: dict[str, Var]) -> LaneS
     chunk = _at_least(src, ("lane", "chunk_tokens"), _expr(
         src, ("lane", "chunk_tokens"), raw["chunk_tokens"], param_vars, "num"), 1,
         "a lane's slice holds at least one token")
-    pace = _expr(src, ("lane", "pace"), raw["pace"],
-                 {"num_decoding": STATE_FIELDS["num_decoding"], **param_vars}, "num")
+    pace = _expr(src, ("lane", "pace"), raw["pace"], param_vars, "num")
     if pace.low <= 0 or pace.high > 1:
         raise src.error(("lane", "pace"), f"must lie in (0, 1] (a share of the tick's target); "
                         f"{pace.source!r} ranges over [{show_bound(pace.low)}, "

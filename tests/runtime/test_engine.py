@@ -183,8 +183,7 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
     # mlx-lm's, and the scheduler counts every step (its own check runs each tick).
     engine = Engine(EngineConfig(max_running=4, prefill_chunk_size=256,
                                  policy="token_budget_lane", check_invariants=True,
-                                 policy_params={"lane_pace": 0.1,
-                                                "lane_pace_per_row": 0}), bundle)
+                                 policy_params={"lane_pace": 0.1}), bundle)
     engine.start()
     got = Collector()
     extras: list[int] = []
@@ -205,14 +204,6 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
         return run(prefills, decode)
 
     monkeypatch.setattr(engine.executor, "run", spy)
-    paced: list[int] = []  # the rows each lane tick's pace was asked for
-    period = engine.budget.lane_period_s
-
-    def lane_period_s(rows: int) -> float:
-        paced.append(rows)
-        return period(rows)
-
-    monkeypatch.setattr(engine.budget, "lane_period_s", lane_period_s)
     streams = {f"s{i}": prompt(8, 200 + i) for i in range(3)}
     long = prompt(1500, 9)
     try:
@@ -224,7 +215,6 @@ def test_in_a_lane_tick_the_streams_step_beside_the_prompts_slice_and_stay_exact
     finally:
         engine.stop()
     assert extras and max(extras) > 0, extras  # some lane tick's streams stepped again
-    assert len(paced) == len(extras) and set(paced) <= {1, 2, 3} and 3 in paced  # its rows
     # /metrics counts every step the rows took, a lane tick's extra ones too.
     assert engine.registry.get_sample_value("fairtick_decode_steps_total") == len(steps)
     for rid, tokens in streams.items():

@@ -1,7 +1,6 @@
 """A tick's slice sized by `TickBudget` over a real executor (the built-in model): on a tick that
-probes the streams' pace, the slice gets what the rows' own forward leaves of the target; there
-is no target while nothing is known of the rows' step; and a lane policy's rows step at a
-period that lengthens with their count."""
+probes the streams' pace, the slice gets what the rows' own forward leaves of the target; and
+there is no target while nothing is known of the rows' step."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def machine_s(shape: TickShape) -> float:
         for s in shape.slices)
 
 
-def budget_with_parked_prompt(bundle: ModelBundle, policy: str = "token_budget",
-                              **params: float) -> tuple[TickBudget, TickState]:
+def budget_with_parked_prompt(bundle: ModelBundle) -> tuple[TickBudget, TickState]:
     """Two decoding rows and a parked prompt on a real executor, and a cost model that has seen
     this machine's decode-only ticks, slice ticks, and mixed ticks well within their target."""
     ex = Executor(bundle)
@@ -38,7 +36,7 @@ def budget_with_parked_prompt(bundle: ModelBundle, policy: str = "token_budget",
         ex.prefill(seq_id, len(prompt))
     ex.add(2, list(range(50, 650)), SamplingParams(max_tokens=1))
     ex.prefill(2, 100)
-    budget = TickBudget(make_policy(policy, params), ex, CHUNK)
+    budget = TickBudget(make_policy("token_budget"), ex, CHUNK)
     rows = (20, 21)
     assert machine_s(TickShape(rows)) == pytest.approx(STEP_S)
     for _ in range(16):
@@ -123,36 +121,3 @@ def test_no_target_while_the_rows_step_is_priced_at_nothing(bundle):
     budget.begin(0)
     assert budget.slice_tokens(state) == 0  # the policy's min slice then applies
     assert budget.target_s is None
-
-
-def lane_periods(bundle: ModelBundle, **params: float) -> tuple[float, dict[int, float]]:
-    # The lane policy's tick target beside the parked prompt, and its rows' least period for
-    # each count of rows.
-    budget, state = budget_with_parked_prompt(bundle, "token_budget_lane", **params)
-    budget.begin(0)
-    assert budget.lane_tokens(state) == 512  # the lane's slice, not one sized to the target
-    target = budget.target_s
-    assert target == pytest.approx(4 * STEP_S)
-    return target, {rows: budget.lane_period_s(rows) for rows in (1, 2, 4, 8, 16, 64)}
-
-
-def test_a_lane_tick_paces_more_rows_at_a_longer_period_up_to_the_target(bundle):
-    # The default: 0.6 of the target and 0.05 more a row, at most the whole target.
-    target, period = lane_periods(bundle)
-    assert period[1] == pytest.approx(0.65 * target)
-    assert period[4] == pytest.approx(0.8 * target)
-    assert period[8] == period[16] == period[64] == pytest.approx(target)
-    assert period[1] < period[2] < period[4] < period[8]
-
-
-def test_a_lane_pace_of_no_share_a_row_is_one_period_for_any_rows(bundle):
-    target, period = lane_periods(bundle, lane_pace=0.8, lane_pace_per_row=0)
-    assert list(period.values()) == [pytest.approx(0.8 * target)] * len(period)
-
-
-def test_no_pace_before_the_rows_step_was_measured(bundle):
-    budget, state = budget_with_parked_prompt(bundle, "token_budget_lane")
-    budget.costs = CostModel()
-    budget.begin(0)
-    budget.lane_tokens(state)
-    assert budget.target_s is None and budget.lane_period_s(2) == 0.0  # unpaced

@@ -4,8 +4,6 @@ never past the KV room the tick leaves for everyone's next token."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from statemachine.lifecycle import Role
@@ -83,9 +81,6 @@ def test_only_a_lane_tick_takes_extra_steps():
     ("lane: {chunk_tokens: 8, pace: 1.5}", "must lie in (0, 1]"),
     ("lane: {chunk_tokens: 0, pace: 0.5}", "at least 1"),
     ("lane: {chunk_tokens: 8, pace: 0.5, depth: 2}", "depth"),
-    # The pace may follow the rows beside the lane, within (0, 1] for every count of them.
-    ("lane: {chunk_tokens: 8, pace: 0.1 * num_decoding}", "ranges over [0, inf]"),
-    ("lane: {chunk_tokens: 8, pace: min(1, 0.5 + num_parked)}", "num_parked"),
 ])
 def test_a_bad_lane_is_refused_naming_the_field(tmp_path, lane, message):
     text = open(load_policy(LANE).file).read()
@@ -93,7 +88,7 @@ def test_a_bad_lane_is_refused_naming_the_field(tmp_path, lane, message):
     end = text.index("pick:")
     path = tmp_path / "bad.yaml"
     path.write_text(text[:start] + lane + "\n" + text[end:])
-    with pytest.raises(SpecError, match=re.escape(message)):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace("]", r"\]")):
         load_policy(path)
 
 
