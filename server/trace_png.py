@@ -188,6 +188,9 @@ def render_png(events: list[dict[str, Any]], path: str | Path, title: str | None
         else ""
     ax.set_title((title or f"fairtick trace: {len(seqs)} sequences") + hidden, fontsize=10)
     ax.xaxis.set_major_locator(MaxNLocator(integer=by_tick))
+    # Grid lines behind the bars: over a bar a few pixels wide, one cut it into pieces too
+    # small to see (and to read back: the finished bar went missing from a test's picture).
+    ax.set_axisbelow(True)
     ax.grid(True, axis="x", alpha=0.3)
     fig.legend(handles=[Patch(facecolor=c, label=s) for s, c in colours.items()],
                loc="lower center", ncol=len(colours), fontsize=8, frameon=False)

@@ -45,10 +45,10 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def png_bars(path: Path, min_run_px: int = 3) -> list[list[tuple[str, int]]]:
     """What a `fairtick trace --png` picture shows: its lanes, top to bottom, each as the bars
-    it shows from left to right, (state, width in pixels), pieces of one state merged (grid
-    lines cut a bar in pieces), read back by colour. The legend (the lowest band: its keys
-    are the states drawn, no more and no fewer) is checked and left out; text and axis lines
-    are told from bars by their size."""
+    it shows from left to right, (state, width in pixels), pieces of one state merged (an axis
+    line over a bar cuts it in pieces), read back by colour. The legend (the lowest band: its
+    keys are the states drawn, no more and no fewer) is checked and left out; text and axis
+    lines are told from bars by their size."""
     import matplotlib.image as mpimg
     import numpy as np
 
