@@ -3,11 +3,15 @@
 Each example draws a layout (8-16 running, a chunk size, a KV budget or none) and then steps:
 a burst of sequences arrives (any prompt length up to `max_chunks` chunks, a max_tokens), a live
 one is aborted, a decoding one finishes, sibling choices fork from the prompts that just gave
-their first token (with `Sizes.forks`), or a burst of ticks runs (each with a drawn latency
-budget where the policy has a target). The Scheduler runs with `check=True` and a finite starvation
-horizon, so every invariant and claim is checked after every tick; `hypothesis.target` steers
-the search toward the longest waits, queues and preemption counts. A failure shrinks to a short
-run, printed as the Scheduler's trace, with the blob that replays it.
+their first token (with `Sizes.forks`), a burst of ticks runs (each with a drawn latency
+budget where the policy has a target), or the arrivals stop while the ticks drain the waiting
+sequences (without it, the states after a burst, streams decoding with nothing parked, came
+in 2 of ~140 examples: one policy's rule fired or not as Hypothesis's constants, which it
+takes from the project's loaded modules, changed with the tests run before). The Scheduler
+runs with `check=True` and a finite starvation horizon, so every invariant and claim is checked
+after every tick; `hypothesis.target` steers the search toward the longest waits, queues and
+preemption counts. A failure shrinks to a short run, printed as the Scheduler's trace, with the
+blob that replays it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from statemachine.scheduler import Scheduler
 from statemachine.tick import Policy, TickState
 from statemachine.trace import format_table
 from statemachine.world import Layout, Seq
+
+DRAIN_TICKS = 40  # the most ticks one drain runs
+WAITS = (Role.QUEUED, Role.PARKED, Role.PAUSED, Role.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -110,16 +117,41 @@ def make_machine(policy: Policy, lifecycle: Lifecycle | None = None,
             for _ in range(ticks):
                 budget = data.draw(st.integers(0, self.sched.layout.chunk_size + 1),
                                    "budget") if has_target else None
-                plan = self.sched.schedule(_fixed(budget))
-                SchedulerMachine.fired[plan.decision.rule] += 1
-                room = self.sched.extra_room(plan)  # a lane tick's rows may step again
-                extra = data.draw(st.integers(0, min(room, 3)), "extra steps") if room else 0
-                SchedulerMachine.extra[extra > 0] += bool(room)
-                outcome = self.sched.complete(plan, extra=extra)
-                if sizes.forks:
-                    recs = {s.seq_id: s for s in plan.world.seqs}
-                    for seq_id, _, _ in outcome.completed:
-                        self.fork(recs[seq_id], data.draw(st.integers(0, 3), "siblings"))
+                self.tick(budget, data)
+            self.note_most()
+
+        @precondition(lambda self: self.waiting())
+        @rule()
+        def drain(self) -> None:
+            # The arrivals stop for a while: ticks (whole slices, no extra steps, no siblings)
+            # run until no sequence waits for its turn, at most DRAIN_TICKS of them, so that the
+            # states after a burst (streams decoding, nothing parked) are explored too.
+            for _ in range(DRAIN_TICKS):
+                self.tick(self.sched.layout.chunk_size if has_target else None, None)
+                if not self.waiting():
+                    break
+            self.note_most()
+
+        def waiting(self) -> bool:
+            # Some sequence waits for its turn: queued, parked, or preempted.
+            return any(self.sched.role(m.seq_id) in WAITS for m in self.sched.sequences())
+
+        def tick(self, budget: int | None, data: st.DataObject | None) -> None:
+            # One tick; with `data`, the extra steps of a lane tick's rows and the siblings of
+            # the prompts it gave first tokens to are drawn, else none.
+            plan = self.sched.schedule(_fixed(budget))
+            SchedulerMachine.fired[plan.decision.rule] += 1
+            room = self.sched.extra_room(plan)  # a lane tick's rows may step again
+            extra = data.draw(st.integers(0, min(room, 3)), "extra steps") \
+                if room and data is not None else 0
+            SchedulerMachine.extra[extra > 0] += bool(room)
+            outcome = self.sched.complete(plan, extra=extra)
+            if sizes.forks and data is not None:
+                recs = {s.seq_id: s for s in plan.world.seqs}
+                for seq_id, _, _ in outcome.completed:
+                    self.fork(recs[seq_id], data.draw(st.integers(0, 3), "siblings"))
+
+        def note_most(self) -> None:
             for s in self.sched.world().seqs:
                 most = self.most
                 most["wait"] = max(most["wait"], s.wait if s.role is Role.PARKED else 0)
