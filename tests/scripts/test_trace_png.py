@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,6 +48,16 @@ def merged(states: list[str]) -> list[str]:
     return [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
 
 
+def timed_trace(path: Path, moves: list[tuple[float, int, int, str | None, str, str]]) -> Path:
+    """A server trace at `path` (JSON lines): one event per (seconds, tick, seq, from, to,
+    trigger), an arrival where `from` is None."""
+    path.write_text("".join(json.dumps(
+        {"tick": tick, "time": 1e9 + t, "t_s": t, "seq": seq, "kind": "arrival" if a is None
+         else "transition", "from": a, "to": b, "trigger": trig, "rule": "r"}) + "\n"
+        for t, tick, seq, a, b, trig in moves))
+    return path
+
+
 def test_png_of_a_real_trace(mixed_server, tmp_path, capsys):
     for prompt in ("p" * 40, "q" * 20):  # two sequences, several chunks each
         assert post(mixed_server.url, "/v1/completions",
@@ -76,11 +87,7 @@ def test_png_widths_are_seconds(tmp_path):
     moves = [(0.0, 0, 0, None, WAITING, "arrive"), (1.0, 0, 0, WAITING, PARKED, ADMIT),
              (1.5, 1, 0, PARKED, PREFILLING, GRANT), (3.5, 1, 0, PREFILLING, DECODING, CHUNK_DONE),
              (4.0, 9, 0, DECODING, FINISHED, FINISH)]
-    source = tmp_path / "timed.jsonl"
-    source.write_text("".join(json.dumps(
-        {"tick": tick, "time": 1e9 + t, "t_s": t, "seq": seq, "kind": "arrival" if a is None
-         else "transition", "from": a, "to": b, "trigger": trig, "rule": "r"}) + "\n"
-        for t, tick, seq, a, b, trig in moves))
+    source = timed_trace(tmp_path / "timed.jsonl", moves)
     png = tmp_path / "timed.png"
     assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
     [lane] = png_bars(png)
@@ -105,11 +112,7 @@ def test_a_short_bar_is_drawn_whole_wherever_a_grid_line_falls(tmp_path):
                  (1.0, 1, 0, PARKED, PREFILLING, GRANT),
                  (2.0, 1, 0, PREFILLING, DECODING, CHUNK_DONE),
                  (finish, 9, 0, DECODING, FINISHED, FINISH)]
-        source = tmp_path / f"timed{i}.jsonl"
-        source.write_text("".join(json.dumps(
-            {"tick": tick, "t_s": t, "seq": seq, "kind": "arrival" if a is None
-             else "transition", "from": a, "to": b, "trigger": trig, "rule": "r"}) + "\n"
-            for t, tick, seq, a, b, trig in moves))
+        source = timed_trace(tmp_path / f"timed{i}.jsonl", moves)
         png = tmp_path / f"timed{i}.png"
         assert fairtick(["trace", "--file", str(source), "--png", str(png)]) == 0
         [lane] = png_bars(png)
