@@ -17,11 +17,12 @@ counterexamples write the same JSON lines, so one reader (`format_table`) serves
 records (one per tick: action, rule, duration, batch, KV) are kept beside them for the
 Perfetto export (server/trace_perfetto.py).
 
-The buffer keeps events and tick records as plain tuples of numbers and strings, which Python's
-collector stops tracking. Kept as objects, every full collection walked them with all threads
-stopped (every stream's gap): 56-65 ms for a full buffer (100,000 of each, the default) on an
-idle machine; in an engine with 4 streams decoding, one full collection in 240 s, 33.5 ms with
-the buffer half full, 9.7 ms with the records as tuples.
+The buffer keeps events (but wait runs, which grow in place) and tick records as plain tuples
+of numbers and strings, which Python's collector stops tracking. Kept as objects, every full
+collection walked them with all threads stopped (every stream's gap): 56-65 ms for a full
+buffer (100,000 of each, the default) on an idle machine; in an engine with 4 streams decoding,
+one full collection in 240 s, 33.5 ms with the buffer half full, 9.7 ms with the records as
+tuples.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class TraceLog:
 
     def __init__(self, capacity: int = 100_000, started: float | None = None) -> None:
         self.started = started
-        # Events as plain tuples (a wait run still growing as its _Run), tick records too.
+        # Events as plain tuples (wait runs, grown in place, as _Run), tick records too.
         self._events: deque[tuple[Any, ...] | _Run] = deque(maxlen=capacity)
         self._ticks: deque[tuple[Any, ...]] = deque(maxlen=capacity)
         self._open: dict[int, _Run] = {}  # seq -> its wait run still going on
