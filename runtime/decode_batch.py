@@ -4,8 +4,12 @@ Sequences merge in when they first decode (left padded, with a mask, as mlx-lm's
 `BatchGenerator` does) and are filtered out when released or evicted; a sequence alive but not
 stepped (paused) is extracted back into its own `KVCache`. Each row's sampling state (PRNG key,
 token counts: runtime/row_sampling.py) moves with its cache row. Joining and leaving cost one
-copy of the batch cache; a step with an unchanged batch costs none. The batch may hold one step
-queued ahead of what was returned (`ahead`), which `rewind` undoes.
+copy of the batch cache; a step with an unchanged batch costs none. That copy is the other
+streams' gap: in-process on the built-in model, 4 streams finishing at 800, 1,400, 2,000 and
+2,600 tokens, the tick after each of the first two left took 12.8-17.4 ms against a step of
+1.5-2 ms (a copy kept out of the tick, a left row held until a newcomer takes its place, is
+not built). The batch may hold one step queued ahead of what was returned (`ahead`), which
+`rewind` undoes.
 
 A full cache grows by copying everything it holds into a larger buffer, in every layer, inside
 the step that needs the room (mlx-lm's `update_and_fetch`). mlx-lm grows by 256 positions, so
