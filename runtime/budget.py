@@ -323,8 +323,14 @@ class CostModel:
         return ticks[-max(fresh, _MARGIN_MIN_SAMPLES):]
 
 
+_ZERO = 1e-10  # a coefficient of the scaled problem this small is rounding: zero
+
+
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # argmin |a x - b| with every x >= 0 (Lawson and Hanson's active-set NNLS).
+    # argmin |a x - b| with every x >= 0 (Lawson and Hanson's active-set NNLS). A coefficient
+    # whose true value is 0 can come out of the least squares as +1e-19 (numpy 2.4's lstsq
+    # did, for the decode step's features of a fit of slice ticks alone): taken as zero, not
+    # as a step that costs nothing.
     num = a.shape[1]
     passive, x = np.zeros(num, dtype=bool), np.zeros(num)
     for _ in range(3 * num):
@@ -336,6 +342,7 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         while passive.any():
             z = np.zeros(num)
             z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            z[np.abs(z) <= _ZERO] = 0.0
             if z[passive].min() > 0:
                 break
             # Step back to where the first coefficient reaches zero, and free it.
