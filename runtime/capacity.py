@@ -4,8 +4,10 @@ By default a fraction of the memory available at start-up, divided by what one t
 model's KV cache takes (measured on the model itself, so any architecture and dtype counts
 right). `--max-kv-tokens` overrides it. The scheduler accounts tokens as they are used against
 this budget (statemachine.world). The memory really held runs above the count: a prompt's
-cache holds its whole prompt from its first slice, and the decode batch is padded to its longest
-row and grows by half its capacity (at most 2,048 positions a row: runtime/decode_batch.py).
+cache holds its whole prompt from its first slice, and each of the decode batch's groups is
+padded to its longest row and grows by half its capacity (at most 2,048 positions a row:
+runtime/decode_batch.py; a long prompt joining short rows forms a group of its own, so they are
+not padded to it).
 """
 
 from __future__ import annotations

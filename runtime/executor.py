@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -168,12 +169,11 @@ class Executor:
         caller may run the pieces again apart to find the one that fails."""
         slices = self._check(prefills, decode)
         batch, ahead = self._batch_for(list(decode))
-        segments = [] if ahead is not None or not batch else [self._decode_segment(batch)]
+        segments = [] if ahead is not None or not batch else self._decode_segments(batch)
         segments += [seq.slice_segment(n) for seq, n in slices]
         touched = [s.cache for s in segments]
         if ahead is not None:
-            assert self._batch.cache is not None
-            touched.append(self._batch.cache)  # it holds the queued step a failure keeps
+            touched += self._batch.caches  # they hold the queued step a failure keeps
         with self._undo_on_error(touched, [seq for seq, _ in slices], ahead, bool(batch)):
             rows, outputs = self._sample(batch, ahead, slices, segments)
             states = [seq.sampler.state for seq, _ in slices]
@@ -204,7 +204,7 @@ class Executor:
         batch, ahead = self._batch_for(list(decode))
         self._batch.ahead = ahead  # one queued already stays
         if ahead is None and batch and self._can_run_ahead(batch, pending=0, alone=False):
-            with self._undo_on_error([self._batch.cache], [], None, True):
+            with self._undo_on_error(self._batch.caches, [], None, True):
                 self._queue_ahead(batch, None)
 
     def take_logprobs(self, seq_ids: Iterable[int] | None = None
@@ -307,19 +307,25 @@ class Executor:
         n = seq.num_cached  # a step queued ahead in the batch is past it, and not kept
         tokens = (seq.prompt + seq.generated)[:n]
         if seq.cache is not None:
-            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in seq.cache]
-            if all(c.keys.shape[2] - n < KVCache.step for c in seq.cache):
-                # The sequence's own buffers, which it is leaving, hold at most one cache step
-                # past its tokens: kept as they are. A copy of a 10,000-token prompt's KV
-                # stalled every stream for the ~7-20 ms of its last tick.
-                mx.eval(layers)
-                return tokens, layers
+            own, pads = seq.cache, [0] * len(seq.cache)
         else:
-            assert self._batch.cache is not None
-            row = self._batch.ids.index(seq_id)
-            pads = [int(c.left_padding[row].item()) for c in self._batch.cache]
+            group, row = self._batch.locate(seq_id)
+            pads = [int(c.left_padding[row].item()) for c in group.cache]
+            own = group.cache if len(group.ids) == 1 else None
+        if own is not None and not any(pads) and \
+                all(c.keys.shape[2] - n < KVCache.step for c in own):
+            # Buffers of this sequence alone (its own, or a batch group of its row only), which
+            # it is leaving, holding at most one cache step past its tokens: kept as they are.
+            # A copy of a 10,000-token prompt's KV stalled every stream for the ~7-20 ms of its
+            # last tick.
+            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in own]
+            mx.eval(layers)
+            return tokens, layers
+        if seq.cache is not None:
+            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in seq.cache]
+        else:
             layers = [(c.keys[row:row + 1, :, p:p + n], c.values[row:row + 1, :, p:p + n])
-                      for c, p in zip(self._batch.cache, pads, strict=True)]
+                      for c, p in zip(group.cache, pads, strict=True)]
         # mx.array copies (mx.contiguous of a slice that is already contiguous would keep the
         # whole step-rounded buffer alive behind a few tokens).
         copies = [(mx.array(k), mx.array(v)) for k, v in layers]
@@ -388,14 +394,21 @@ class Executor:
         ahead, self._batch.ahead = self._batch.ahead, None
         return [self._seqs[i] for i in self._batch.live_ids], ahead
 
-    def _decode_segment(self, batch: list[SeqState], inputs: mx.array | None = None) -> Segment:
-        assert self._batch.cache is not None
+    def _decode_segments(self, batch: list[SeqState],
+                         inputs: mx.array | None = None) -> list[Segment]:
+        # One segment a group of the batch, its rows' inputs in the batch's row order.
+        assert self._batch.groups
         # The most tokens a row can still add: this step's and the rest of its max_tokens.
         self._batch.reserve(lambda: max(s.sampler.params.max_tokens - len(s.generated)
                                         for s in batch))
         if inputs is None:
             inputs = mx.array([s.generated[-1] for s in batch])
-        return Segment(inputs[:, None], self._batch.cache, logits=True)
+        groups = self._batch.groups
+        if len(groups) == 1:
+            return [Segment(inputs[:, None], groups[0].cache, logits=True)]
+        parts = mx.split(inputs[:, None], list(accumulate(len(g.ids) for g in groups))[:-1])
+        return [Segment(part, g.cache, logits=True)
+                for part, g in zip(parts, groups, strict=True)]
 
     def _sample(self, batch: list[SeqState], ahead: Queued | None,
                 slices: list[tuple[SeqState, int]],
@@ -436,7 +449,7 @@ class Executor:
         # The next step of the same batch: after `rows`, this step's tokens, queued before
         # they are read; else after the rows' committed tokens.
         inputs = rows.tokens if rows is not None else None
-        logits = self._forward(self.model, [self._decode_segment(batch, inputs)])
+        logits = self._forward(self.model, self._decode_segments(batch, inputs))
         assert self._batch.state is not None
         before = self._batch.state
         queued = Queued(self._sample_rows(batch, logits, ahead=int(rows is not None)), before)

@@ -256,7 +256,7 @@ def test_the_decode_batch_grows_its_caches_by_half_and_rarely(llama_bundle):
     capacities, out = [], []
     for _ in range(num_tokens - 1):
         out.append(ex.decode([0, 1])[0])
-        capacity = ex._batch.cache[0].keys.shape[2]
+        capacity = ex._batch.groups[0].cache[0].keys.shape[2]
         if not capacities or capacity != capacities[-1]:
             capacities.append(capacity)
     for before, after in itertools.pairwise(capacities):
