@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -204,7 +205,19 @@ class CostModel:
         # Per recent slice tick next to decode rows: the slice its measurement says would have
         # fitted its target (`_room_tokens`).
         self._room: deque[int] = deque(maxlen=_ROOM_TICKS)
-        self.records: deque[TickRecord] = deque(maxlen=history)
+        # The observed ticks as plain tuples of numbers (`records` rebuilds them): CPython stops
+        # tracking such a tuple, so Python's collections do not walk 4,096 records each time
+        # (dataclass records were ~60% of the objects a server's collections walked). A tuple
+        # of tuples built from a generator stayed tracked: the slices are kept flat.
+        self._records: deque[tuple[Any, ...]] = deque(maxlen=history)
+
+    @property
+    def records(self) -> list[TickRecord]:
+        """The last `history` observed ticks, oldest first."""
+        return [TickRecord(TickShape(rows, tuple(SliceShape(*slices[i:i + 2])
+                                                 for i in range(0, len(slices), 2)), constrained),
+                           predicted, measured, target)
+                for rows, slices, constrained, predicted, measured, target in self._records]
 
     def predict_s(self, shape: TickShape) -> float | None:
         """Predicted seconds of a tick that runs `shape`; None until something is measured."""
@@ -218,7 +231,9 @@ class CostModel:
             return
         features = shape.features()  # once: this runs every tick
         predicted = None if self._coef is None else float(features @ self._coef)
-        self.records.append(TickRecord(shape, predicted, seconds, target_s))
+        self._records.append((tuple(shape.decode_contexts),  # slices flat: a tuple of tuples
+                              tuple(n for s in shape.slices for n in (s.num_tokens, s.context)),
+                              shape.constrained_rows, predicted, seconds, target_s))
         if shape.slices and shape.decode_contexts and target_s is not None:
             self._room.append(self._room_tokens(shape, seconds, target_s))
         if shape.slices:

@@ -8,6 +8,7 @@ shrink them as the context grows, and keep the share of ticks over target small.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable
 
@@ -250,6 +251,27 @@ def test_records_hold_the_prediction_made_before_each_tick():
     record = model.records[-1]
     assert record.predicted_s == before and record.measured_s == truth(shape)
     assert record.target_s == 0.05 and record.shape == shape
+
+
+def test_a_full_history_gives_the_collector_nothing_to_walk():
+    # A collection walks every object the collector tracks, with every thread stopped: the
+    # history of observed ticks (4,096 by default, one a tick) must not be among them.
+    model = CostModel(history=1_000)
+    shapes = [TickShape((100 + i, 200 + i), (SliceShape(16, 300 + i), SliceShape(8, 40)), i % 2)
+              for i in range(8)]
+    for tick in range(200):  # fits run (numpy loads what they use on first use)
+        model.observe(shapes[tick % 8], 0.001, target_s=0.01)
+    gc.collect()
+    before = len(gc.get_objects())
+    for tick in range(2_000):  # twice the history: the dropped ones are freed too
+        model.observe(shapes[tick % 8], 0.001 + tick * 1e-7, target_s=0.01)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    # ... and reads back what it observed.
+    last = model.records[-1]
+    assert len(model.records) == 1_000
+    assert last.shape == shapes[1_999 % 8] and last.measured_s == 0.001 + 1_999 * 1e-7
+    assert last.target_s == 0.01
 
 
 def test_the_decode_step_p95_carries_the_machines_tail():
