@@ -35,11 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from runtime.fused import Segment
 from runtime.logprobs import Sampled
 from runtime.row_sampling import RowState, concat_states
 from runtime.sampling import SequenceSampler
@@ -141,6 +143,15 @@ class DecodeBatch:
     def caches(self) -> list[list[BatchKVCache]]:
         """Each group's caches, in row order."""
         return [g.cache for g in self.groups]
+
+    def segments(self, inputs: mx.array) -> list[Segment]:
+        """A decode step's segments of the forward: one a group, each with its rows' `inputs`
+        (one token a row, in the rows' order)."""
+        if len(self.groups) == 1:
+            return [Segment(inputs[:, None], self.groups[0].cache, logits=True)]
+        cuts = list(accumulate(len(g.ids) for g in self.groups))[:-1]
+        return [Segment(part, g.cache, logits=True)
+                for part, g in zip(mx.split(inputs[:, None], cuts), self.groups, strict=True)]
 
     def locate(self, seq_id: int) -> tuple[Group, int]:
         """The sequence's group and its row there; ValueError if it has none."""

@@ -33,7 +33,6 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -396,19 +395,13 @@ class Executor:
 
     def _decode_segments(self, batch: list[SeqState],
                          inputs: mx.array | None = None) -> list[Segment]:
-        # One segment a group of the batch, its rows' inputs in the batch's row order.
         assert self._batch.groups
         # The most tokens a row can still add: this step's and the rest of its max_tokens.
         self._batch.reserve(lambda: max(s.sampler.params.max_tokens - len(s.generated)
                                         for s in batch))
         if inputs is None:
             inputs = mx.array([s.generated[-1] for s in batch])
-        groups = self._batch.groups
-        if len(groups) == 1:
-            return [Segment(inputs[:, None], groups[0].cache, logits=True)]
-        parts = mx.split(inputs[:, None], list(accumulate(len(g.ids) for g in groups))[:-1])
-        return [Segment(part, g.cache, logits=True)
-                for part, g in zip(parts, groups, strict=True)]
+        return self._batch.segments(inputs)
 
     def _sample(self, batch: list[SeqState], ahead: Queued | None,
                 slices: list[tuple[SeqState, int]],
