@@ -305,26 +305,21 @@ class Executor:
         seq = self._get(seq_id)
         n = seq.num_cached  # a step queued ahead in the batch is past it, and not kept
         tokens = (seq.prompt + seq.generated)[:n]
-        if seq.cache is not None:
-            own, pads = seq.cache, [0] * len(seq.cache)
+        if seq.cache is not None:  # its own buffers, one row
+            cache, row, alone = seq.cache, 0, True
         else:
             group, row = self._batch.locate(seq_id)
-            pads = [int(c.left_padding[row].item()) for c in group.cache]
-            own = group.cache if len(group.ids) == 1 else None
-        if own is not None and not any(pads) and \
-                all(c.keys.shape[2] - n < KVCache.step for c in own):
+            cache, alone = group.cache, len(group.ids) == 1
+        pads = [int(c.left_padding[row].item()) if seq.cache is None else 0 for c in cache]
+        layers = [(c.keys[row:row + 1, :, p:p + n], c.values[row:row + 1, :, p:p + n])
+                  for c, p in zip(cache, pads, strict=True)]
+        if alone and not any(pads) and all(c.keys.shape[2] - n < KVCache.step for c in cache):
             # Buffers of this sequence alone (its own, or a batch group of its row only), which
             # it is leaving, holding at most one cache step past its tokens: kept as they are.
             # A copy of a 10,000-token prompt's KV stalled every stream for the ~7-20 ms of its
             # last tick.
-            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in own]
             mx.eval(layers)
             return tokens, layers
-        if seq.cache is not None:
-            layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in seq.cache]
-        else:
-            layers = [(c.keys[row:row + 1, :, p:p + n], c.values[row:row + 1, :, p:p + n])
-                      for c, p in zip(group.cache, pads, strict=True)]
         # mx.array copies (mx.contiguous of a slice that is already contiguous would keep the
         # whole step-rounded buffer alive behind a few tokens).
         copies = [(mx.array(k), mx.array(v)) for k, v in layers]
