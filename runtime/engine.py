@@ -204,7 +204,10 @@ class Engine:
             # before any request (they were built before the engine started).
             kernels.warm_up()
             if self.policy.spec.lane is not None:
-                self._lane = PrefillLane()
+                self._lane = PrefillLane(self.config.lane_priority)
+                log.info("prefill lane: %s", "SCHED_IDLE (its threads run on what the decode "
+                         "rows and the server leave of the cores)"
+                         if self._lane.priority == "idle" else self._lane.priority)
             while not self._stopping.is_set():
                 self._drain_inbox()
                 if not self._live:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# How a lane policy's prefill lane (runtime/lane.py) is scheduled by the operating system.
+LANE_PRIORITIES = ("idle", "normal")
+LANE_PRIORITY_ENV = "FAIRTICK_LANE_PRIORITY"
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -24,6 +28,9 @@ class EngineConfig:
     lifecycle: str | None = None  # None: specs/lifecycle.yaml
     trace_capacity: int = 100_000
     check_invariants: bool = False
+    # "idle": the lane's threads run in Linux's SCHED_IDLE class, on what the decode rows'
+    # and the server's threads leave of the cores (ADR 0016); "normal": as every thread.
+    lane_priority: str = "idle"
     prefix_cache: bool = True  # keep finished sequences' KV for prompts that start the same
     prefix_cache_tokens: int | None = None  # its most tokens; None: all the KV budget leaves
 
@@ -33,6 +40,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.lane_priority not in LANE_PRIORITIES:
+            raise ValueError(f"lane_priority must be one of {', '.join(LANE_PRIORITIES)}, "
+                             f"got {self.lane_priority!r}")
         for name in ("max_kv_tokens", "prefix_cache_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

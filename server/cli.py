@@ -229,6 +229,7 @@ def _load_blas(setting: str | None) -> Any:
 
 def _serve_parser(prog: str = "fairtick serve") -> argparse.ArgumentParser:
     from runtime.engine import EngineConfig
+    from runtime.engine_config import LANE_PRIORITIES, LANE_PRIORITY_ENV
     from server.config import ServerConfig
     from server.validation import DEFAULT_MAX_BODY_BYTES
 
@@ -283,6 +284,13 @@ def _serve_parser(prog: str = "fairtick serve") -> argparse.ArgumentParser:
                    help=f"BLAS under MLX: 'auto' (an optimized OpenBLAS when it can be had, "
                    f"else MLX's bundled reference BLAS), 'reference', or the path of a shared "
                    f"library exporting the CBLAS names (env {BLAS_ENV}; default 'auto')")
+    p.add_argument("--lane-priority", default=os.environ.get(LANE_PRIORITY_ENV) or
+                   d["lane_priority"], metavar="|".join(LANE_PRIORITIES),
+                   help="a lane policy's prefill lane: 'idle' runs its threads in Linux's "
+                   "SCHED_IDLE class, on what the decode streams and the server leave of the "
+                   "cores, so a stream's step never waits for the prompt's work; 'normal' "
+                   f"shares the cores as every thread does (env {LANE_PRIORITY_ENV}; default "
+                   f"{d['lane_priority']!r})")
     p.add_argument("--check-invariants", action="store_true",
                    help="check the scheduler invariants after every tick (slower)")
     _add_log_flags(p)
@@ -341,7 +349,7 @@ def make_server_config(args: argparse.Namespace, params: dict[str, int | float])
         max_waiting=args.max_waiting, max_kv_tokens=args.max_kv_tokens,
         prefix_cache=args.prefix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
         lifecycle=args.lifecycle, trace_capacity=args.trace_capacity,
-        check_invariants=args.check_invariants,
+        check_invariants=args.check_invariants, lane_priority=args.lane_priority,
     )
     origins = args.allowed_origins
     return ServerConfig(

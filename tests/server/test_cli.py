@@ -195,6 +195,14 @@ def test_serve_passes_its_flags_to_the_app_and_to_run(served_as):
     assert dict(config.engine.policy_params) == load_policy("deadline").defaults
 
 
+def test_the_lane_priority_comes_from_its_flag_then_its_env(served_as, monkeypatch):
+    monkeypatch.delenv("FAIRTICK_LANE_PRIORITY", raising=False)
+    assert served_as()["app"].ctx.config.engine.lane_priority == "idle"
+    monkeypatch.setenv("FAIRTICK_LANE_PRIORITY", "normal")
+    assert served_as()["app"].ctx.config.engine.lane_priority == "normal"
+    assert served_as("--lane-priority", "idle")["app"].ctx.config.engine.lane_priority == "idle"
+
+
 def test_serve_defaults_come_from_the_server_config(served_as):
     seen = served_as()
     config = seen["app"].ctx.config
@@ -255,7 +263,8 @@ def test_a_bad_log_level_variable_refuses_to_start(monkeypatch, capsys):
                                    ("--api-key-protect-ops",),
                                    ("--allowed-origins", "ftp://a.example"),
                                    ("--allowed-origins", "https://a.example/path"),
-                                   ("--allowed-origins", "https://a.example,,http://b")])
+                                   ("--allowed-origins", "https://a.example,,http://b"),
+                                   ("--lane-priority", "low")])
 def test_a_bad_server_setting_refuses_to_start(flags, capsys, monkeypatch):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert main(["serve", *flags]) == 2
