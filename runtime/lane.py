@@ -14,8 +14,9 @@ what the decode rows' threads and the server's leave of the cores, and a row's s
 the lane computes takes a core at once instead of sharing it with the lane's workers. In the
 admission scenario (4 streams, a 10,000-token prompt, 12 runs each, alternated) the streams'
 p99 gap fell from 2.77-4.55x their own p95 to 2.47-3.35x and their worst from 3.64-6.98x to
-2.82-4.71x, the prompt's TTFT / alone from 1.20-1.54 to 1.33-1.46 (ADR 0016, twenty-fifth
-session). The price: while other processes keep every core busy, the lane waits for them.
+2.82-4.71x, the prompt's TTFT / alone no higher (median 1.39 against 1.46; ADR 0016,
+twenty-fifth session). The price: while other processes keep every core busy, the lane waits
+for them (`--lane-priority normal` on such a machine).
 """
 
 from __future__ import annotations

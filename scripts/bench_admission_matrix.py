@@ -58,7 +58,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arm", action="append", default=[], metavar="'[LABEL=]POLICY FLAGS'",
-                   help="an arm (repeatable; default: every shipped policy, token_budget at four "
+                   help="an arm (repeatable; default: every shipped policy, token_budget at six "
                    "targets)")
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="runs per arm (3)")
     p.add_argument("--chunk", type=int, default=512, metavar="N",

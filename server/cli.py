@@ -288,7 +288,7 @@ def _serve_parser(prog: str = "fairtick serve") -> argparse.ArgumentParser:
                    d["lane_priority"], metavar="|".join(LANE_PRIORITIES),
                    help="a lane policy's prefill lane: 'idle' runs its threads in Linux's "
                    "SCHED_IDLE class, on what the decode streams and the server leave of the "
-                   "cores, so a stream's step never waits for the prompt's work; 'normal' "
+                   "cores, so a stream's step takes a core ahead of the prompt's work; 'normal' "
                    f"shares the cores as every thread does (env {LANE_PRIORITY_ENV}; default "
                    f"{d['lane_priority']!r})")
     p.add_argument("--check-invariants", action="store_true",

@@ -61,6 +61,20 @@ def test_a_normal_lane_runs_as_every_thread():
         lane.close()
 
 
+def test_a_lane_the_system_refuses_sched_idle_runs_as_normal_and_says_why(monkeypatch):
+    def refuse(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    lane, threads = _lane_threads("idle")
+    try:
+        assert lane.priority == "normal (sched_setscheduler refused it: [Errno 1] Operation " \
+            "not permitted)"
+        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_OTHER}
+    finally:
+        lane.close()
+
+
 def test_an_unknown_priority_is_refused_with_what_is_allowed():
     with pytest.raises(ValueError, match="one of idle, normal, got 'low'"):
         PrefillLane("low")
