@@ -10,6 +10,14 @@ LANE_PRIORITIES = ("idle", "normal")
 LANE_PRIORITY_ENV = "FAIRTICK_LANE_PRIORITY"
 
 
+def check_lane_priority(value: str) -> str:
+    """`value` if it is one of LANE_PRIORITIES, else ValueError saying which are."""
+    if value not in LANE_PRIORITIES:
+        raise ValueError(f"lane_priority must be one of {', '.join(LANE_PRIORITIES)}, "
+                         f"got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs; validated on construction."""
@@ -40,9 +48,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.lane_priority not in LANE_PRIORITIES:
-            raise ValueError(f"lane_priority must be one of {', '.join(LANE_PRIORITIES)}, "
-                             f"got {self.lane_priority!r}")
+        check_lane_priority(self.lane_priority)
         for name in ("max_kv_tokens", "prefix_cache_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

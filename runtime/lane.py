@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from runtime import kernels
-from runtime.engine_config import LANE_PRIORITIES
+from runtime.engine_config import check_lane_priority
 from runtime.fused import layer_by_layer
 
 
@@ -73,16 +73,14 @@ class PrefillLane:
         """Start the lane's thread at `priority` (runtime.engine_config.LANE_PRIORITIES); raises
         (RuntimeError) if it could not warm its kernels, so that the engine fails at start
         rather than waiting for ever on a lane with no thread."""
-        if priority not in LANE_PRIORITIES:
-            raise ValueError(f"lane priority must be one of {', '.join(LANE_PRIORITIES)}, "
-                             f"got {priority!r}")
-        self._priority = priority
-        self.priority = priority  # what the thread runs at: "idle", or "normal (why)"
+        # What the thread runs at: the priority asked for, or "normal (why)" where the system
+        # refused "idle".
+        self.priority = check_lane_priority(priority)
         self._jobs: queue.Queue[LaneJob | None] = queue.Queue()
         self._failed: BaseException | None = None
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="prefill-lane",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(ready, priority),
+                                        name="prefill-lane", daemon=True)
         self._thread.start()
         ready.wait()
         if self._failed is not None:
@@ -90,12 +88,13 @@ class PrefillLane:
             raise RuntimeError(f"the prefill lane could not start: {self._failed!r}") \
                 from self._failed
 
-    def _run(self, ready: threading.Event) -> None:
+    def _run(self, ready: threading.Event, priority: str) -> None:
         try:
             try:
                 # Before any stream is made: MLX's worker threads for them inherit the class.
-                why = run_when_idle() if self._priority == "idle" else None
-                self.priority = self._priority if why is None else f"normal ({why})"
+                why = run_when_idle() if priority == "idle" else None
+                if why is not None:
+                    self.priority = f"normal ({why})"
                 kernels.warm_up()  # MLX keeps compiled functions per thread
             except BaseException as exc:  # noqa: BLE001 - raised again by __init__
                 self._failed = exc

@@ -76,7 +76,7 @@ def test_a_lane_the_system_refuses_sched_idle_runs_as_normal_and_says_why(monkey
 
 
 def test_an_unknown_priority_is_refused_with_what_is_allowed():
-    with pytest.raises(ValueError, match="one of idle, normal, got 'low'"):
+    with pytest.raises(ValueError, match="lane_priority must be one of idle, normal, got 'low'"):
         PrefillLane("low")
     with pytest.raises(ValueError, match="lane_priority must be one of idle, normal, got 'low'"):
         EngineConfig(lane_priority="low")
